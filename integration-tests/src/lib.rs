@@ -1,0 +1,1 @@
+//! Test harness for the emulator-backed tests of the leader-lease suite.

@@ -1,0 +1,169 @@
+//! Timing settings and their validation.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The timing of a lease, per DESIGN.md's timing rules. Every duration is measured on the local
+/// monotonic clock.
+///
+/// Build it with [`Timing::from_ttl`], which derives every other setting from the lease
+/// duration, then adjust fields and call [`Timing::validate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timing {
+    /// How long a lease lasts after the holder's last successful write.
+    pub ttl: Duration,
+    /// How often the leader renews (default `ttl / 3`).
+    pub renew_every: Duration,
+    /// How often a follower polls the record (default `ttl / 5`).
+    pub retry_every: Duration,
+    /// How long before its lease could expire a leader stops acting (default the larger of
+    /// `ttl / 10` and `2 x request_timeout`).
+    pub margin: Duration,
+    /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
+    pub request_timeout: Duration,
+}
+
+impl Timing {
+    /// The default lease duration: 15 s, the shortest lease Azure grants.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+    /// The longest default request timeout.
+    pub const MAX_DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// Every setting derived from `ttl` by the defaults above.
+    pub fn from_ttl(ttl: Duration) -> Self {
+        let request_timeout = (ttl / 10).min(Self::MAX_DEFAULT_REQUEST_TIMEOUT);
+        Self {
+            ttl,
+            renew_every: ttl / 3,
+            retry_every: ttl / 5,
+            margin: (ttl / 10).max(request_timeout * 2),
+            request_timeout,
+        }
+    }
+
+    /// Checks the timing rules; the first violated rule is returned.
+    ///
+    /// # Errors
+    /// - [`ConfigError::ZeroDuration`] if any duration is zero;
+    /// - [`ConfigError::MarginTooSmall`] if `margin < 2 x request_timeout`;
+    /// - [`ConfigError::NoTimeToRenew`] if `renew_every + request_timeout + margin >= ttl`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, d) in [
+            ("ttl", self.ttl),
+            ("renew_every", self.renew_every),
+            ("retry_every", self.retry_every),
+            ("margin", self.margin),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { field });
+            }
+        }
+        if self.margin < self.request_timeout.saturating_mul(2) {
+            return Err(ConfigError::MarginTooSmall {
+                margin: self.margin,
+                request_timeout: self.request_timeout,
+            });
+        }
+        if self.renew_every + self.request_timeout + self.margin >= self.ttl {
+            return Err(ConfigError::NoTimeToRenew {
+                ttl: self.ttl,
+                renew_every: self.renew_every,
+                request_timeout: self.request_timeout,
+                margin: self.margin,
+            });
+        }
+        Ok(())
+    }
+
+    /// How long after the last successful write was sent the leader may act: `ttl - margin`.
+    pub fn term_validity(&self) -> Duration {
+        self.ttl.saturating_sub(self.margin)
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self::from_ttl(Self::DEFAULT_TTL)
+    }
+}
+
+/// Converts durations of a candidate's own clock into durations of the runtime's clock.
+///
+/// A candidate whose clock runs at `rate` (1.0 = true time) measures `d` as `d / rate` of real
+/// time. Only the simulation sets a rate other than 1.0, to check that `margin` covers drift.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClockRate(pub(crate) f64);
+
+impl ClockRate {
+    pub(crate) fn real(self, d: Duration) -> Duration {
+        if self.0 == 1.0 {
+            d
+        } else {
+            d.div_f64(self.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_for_common_ttls() {
+        for secs in [1, 2, 5, 10, 15, 30, 60, 300] {
+            let t = Timing::from_ttl(Duration::from_secs(secs));
+            t.validate().unwrap();
+        }
+        let t = Timing::default();
+        assert_eq!(t.ttl, Duration::from_secs(15));
+        assert_eq!(t.renew_every, Duration::from_secs(5));
+        assert_eq!(t.retry_every, Duration::from_secs(3));
+        assert_eq!(t.request_timeout, Duration::from_millis(1500));
+        assert_eq!(t.margin, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn each_rule_has_its_error() {
+        let mut t = Timing::from_ttl(Duration::from_secs(15));
+        t.retry_every = Duration::ZERO;
+        assert_eq!(
+            t.validate(),
+            Err(ConfigError::ZeroDuration {
+                field: "retry_every"
+            })
+        );
+
+        let mut t = Timing::from_ttl(Duration::from_secs(15));
+        t.margin = Duration::from_secs(2);
+        assert!(matches!(
+            t.validate(),
+            Err(ConfigError::MarginTooSmall { .. })
+        ));
+
+        let mut t = Timing::from_ttl(Duration::from_secs(15));
+        t.renew_every = Duration::from_millis(10_500);
+        let err = t.validate().unwrap_err();
+        assert!(matches!(err, ConfigError::NoTimeToRenew { .. }));
+        assert!(err.to_string().contains("less than ttl"), "{err}");
+
+        // Exactly at the limit is rejected too.
+        let mut t = Timing::from_ttl(Duration::from_secs(15));
+        t.renew_every = Duration::from_millis(10_500) - Duration::from_nanos(1);
+        assert!(t.validate().is_ok());
+    }
+
+    #[test]
+    fn clock_rate_scales() {
+        assert_eq!(
+            ClockRate(0.5).real(Duration::from_secs(1)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            ClockRate(1.0).real(Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+    }
+}

@@ -1,0 +1,718 @@
+//! The conformance suite every backend runs against its real store.
+//!
+//! Each case is a plain `pub async fn` taking a [`Harness`], which gives the store, a fresh
+//! key per case, a timing short enough for tests, and a way to plant a malformed record. Run
+//! all cases as separate tests with [`conformance_tests!`](crate::conformance_tests):
+//!
+//! ```
+//! # mod wrapper {
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::time::Duration;
+//! use async_trait::async_trait;
+//! use leader_core::conformance::{ConformantStore, Harness};
+//! use leader_core::{Error, LeaseKey, MemoryStore, Timing};
+//!
+//! #[derive(Default)]
+//! struct Memory { store: MemoryStore, next: AtomicU64 }
+//!
+//! #[async_trait]
+//! impl Harness for Memory {
+//!     async fn store(&self) -> Result<Arc<dyn ConformantStore>, Error> {
+//!         Ok(Arc::new(self.store.clone()))
+//!     }
+//!     fn unique_key(&self) -> LeaseKey {
+//!         LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+//!     }
+//!     fn timing(&self) -> Timing {
+//!         Timing::from_ttl(Duration::from_secs(10))
+//!     }
+//!     async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error> {
+//!         self.store.put_raw(key, b"not a record".to_vec());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! leader_core::conformance_tests!(paused: Memory::default());
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::backend::{
+    Expected, ExpiryModel, Fence, FencedStore, LeaseBackend, WriteKind, WriteOutcome,
+    WriteRequest,
+};
+use crate::config::Timing;
+use crate::error::Error;
+use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
+use crate::model::{
+    FencingToken, HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce,
+};
+
+/// A store that offers leases and fenced writes.
+pub trait ConformantStore: LeaseBackend + FencedStore {}
+impl<T: LeaseBackend + FencedStore> ConformantStore for T {}
+
+/// What a backend provides to run the suite.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A client of the store under test. Each call may return a new client (as another
+    /// process would have); all must see the same data.
+    async fn store(&self) -> Result<Arc<dyn ConformantStore>, Error>;
+
+    /// A lease key that no other case (or earlier run) uses.
+    fn unique_key(&self) -> LeaseKey;
+
+    /// The timing to test with: as short as the store allows.
+    fn timing(&self) -> Timing;
+
+    /// Stores an unparsable record under `key`, bypassing the backend's checks.
+    async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error>;
+}
+
+/// A failed conformance case: which case, and what it saw.
+#[derive(Debug, thiserror::Error)]
+#[error("conformance case `{case}` failed: {message}")]
+pub struct Failure {
+    /// The case.
+    pub case: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+fn fail(case: &'static str, message: impl Into<String>) -> Failure {
+    Failure {
+        case,
+        message: message.into(),
+    }
+}
+
+macro_rules! ensure {
+    ($cond:expr, $case:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(fail($case, format!($($msg)+)));
+        }
+    };
+}
+
+trait Context<T> {
+    fn ctx(self, case: &'static str, what: &str) -> Result<T, Failure>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn ctx(self, case: &'static str, what: &str) -> Result<T, Failure> {
+        self.map_err(|e| fail(case, format!("{what}: {e}")))
+    }
+}
+
+async fn client<H: Harness + ?Sized>(
+    h: &H,
+    case: &'static str,
+    key: &LeaseKey,
+    who: &str,
+) -> Result<LeaseClient, Failure> {
+    let store: Arc<dyn LeaseBackend> = h.store().await.ctx(case, "connecting")?;
+    let holder = HolderId::new(format!("conformance-{who}")).ctx(case, "holder id")?;
+    LeaseClient::new(store, key.clone(), holder, h.timing()).ctx(case, "timing")
+}
+
+async fn acquire(c: &mut LeaseClient, case: &'static str, who: &str) -> Result<Grant, Failure> {
+    match c.try_acquire().await.ctx(case, &format!("{who} acquiring"))? {
+        Acquisition::Acquired(g) => Ok(g),
+        other => Err(fail(
+            case,
+            format!("{who} should have acquired, got {other:?}"),
+        )),
+    }
+}
+
+fn record(holder: &str, token: u64, ttl: Duration) -> Result<LeaseRecord, Failure> {
+    let holder = HolderId::new(holder).ctx("record", "holder id")?;
+    Ok(LeaseRecord::held(
+        holder,
+        FencingToken(token),
+        ttl,
+        Metadata::new(),
+        WriteNonce(token ^ 0x00c0_ffee),
+    ))
+}
+
+/// A fresh key: the first candidate acquires, with a token of at least 1, and the stored
+/// record says so.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn create_if_absent<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "create_if_absent";
+    let key = h.unique_key();
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    ensure!(
+        store.read(&key).await.ctx(CASE, "read")?.is_none(),
+        CASE,
+        "a fresh key must have no record"
+    );
+    let mut a = client(h, CASE, &key, "a").await?;
+    let g = acquire(&mut a, CASE, "a").await?;
+    ensure!(g.token >= FencingToken(1), CASE, "token must be at least 1");
+    let stored = store
+        .read(&key)
+        .await
+        .ctx(CASE, "read")?
+        .ok_or_else(|| fail(CASE, "no record after acquire"))?;
+    ensure!(
+        stored.record.holder == *a.holder() && stored.record.is_held(),
+        CASE,
+        "record must name the holder as holding: {stored:?}"
+    );
+    ensure!(
+        stored.record.token == g.token,
+        CASE,
+        "stored token {} != granted {}",
+        stored.record.token,
+        g.token
+    );
+    ensure!(
+        stored.record.ttl == h.timing().ttl,
+        CASE,
+        "stored ttl {:?} != {:?}",
+        stored.record.ttl,
+        h.timing().ttl
+    );
+    Ok(())
+}
+
+/// While a lease is held, a second candidate follows and a create-if-absent write conflicts
+/// without changing the record.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn conflicting_create<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "conflicting_create";
+    let key = h.unique_key();
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let mut b = client(h, CASE, &key, "b").await?;
+    acquire(&mut a, CASE, "a").await?;
+    let before = store.read(&key).await.ctx(CASE, "read")?;
+    match b.try_acquire().await.ctx(CASE, "b acquiring")? {
+        Acquisition::Following {
+            leader: Some(leader),
+            ..
+        } if leader.holder == *a.holder() => {}
+        other => return Err(fail(CASE, format!("b must follow a, got {other:?}"))),
+    }
+    let outcome = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            record("conformance-b", 99, h.timing().ttl)?,
+            WriteKind::Acquire,
+            TermId(1),
+        ))
+        .await
+        .ctx(CASE, "raw create")?;
+    ensure!(
+        matches!(outcome, WriteOutcome::Conflict { .. }),
+        CASE,
+        "a create over an existing record must conflict, got {outcome:?}"
+    );
+    let after = store.read(&key).await.ctx(CASE, "read")?;
+    ensure!(before == after, CASE, "the record changed: {before:?} -> {after:?}");
+    Ok(())
+}
+
+/// Renewing keeps the token, moves the deadline later and changes the revision.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn renew<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "renew";
+    let key = h.unique_key();
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let g1 = acquire(&mut a, CASE, "a").await?;
+    let r1 = store.read(&key).await.ctx(CASE, "read")?;
+    sleep(h.timing().renew_every).await;
+    let g2 = match a.renew().await.ctx(CASE, "renew")? {
+        Renewal::Renewed(g) => g,
+        other => return Err(fail(CASE, format!("renew must succeed, got {other:?}"))),
+    };
+    ensure!(g2.token == g1.token, CASE, "renew changed the token");
+    ensure!(g2.deadline > g1.deadline, CASE, "renew must extend the deadline");
+    let r2 = store.read(&key).await.ctx(CASE, "read")?;
+    let (Some(r1), Some(r2)) = (r1, r2) else {
+        return Err(fail(CASE, "record vanished"));
+    };
+    ensure!(r1.revision != r2.revision, CASE, "renew must change the revision");
+    ensure!(r2.record.is_held() && r2.record.token == g1.token, CASE, "bad record {r2:?}");
+    // A second renew works from the new revision.
+    ensure!(
+        matches!(a.renew().await.ctx(CASE, "renew")?, Renewal::Renewed(_)),
+        CASE,
+        "second renew must succeed"
+    );
+    Ok(())
+}
+
+/// Waits (boundedly) until `b` takes over, and returns its grant and when it got it.
+async fn take_over(
+    b: &mut LeaseClient,
+    model: ExpiryModel,
+    ttl: Duration,
+    case: &'static str,
+) -> Result<(Grant, Instant), Failure> {
+    let give_up = Instant::now() + ttl * 3;
+    loop {
+        match b.try_acquire().await.ctx(case, "b acquiring")? {
+            Acquisition::Acquired(g) => return Ok((g, Instant::now())),
+            Acquisition::Following { takeover_at, .. } => {
+                let next = match (model, takeover_at) {
+                    (ExpiryModel::ObservedByFollowers, Some(t)) => t,
+                    _ => Instant::now() + ttl / 10,
+                };
+                ensure!(next < give_up, case, "b did not take over within 3 x ttl");
+                sleep_until(next).await;
+            }
+        }
+    }
+}
+
+/// A follower takes over a lease its holder stopped renewing only after a full ttl, and gets
+/// a higher token; before that, it follows and the record is untouched.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn takeover_only_after_full_ttl<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "takeover_only_after_full_ttl";
+    let key = h.unique_key();
+    let ttl = h.timing().ttl;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let model = store.expiry_model();
+    let mut a = client(h, CASE, &key, "a").await?;
+    let mut b = client(h, CASE, &key, "b").await?;
+    let g1 = acquire(&mut a, CASE, "a").await?;
+    let written = Instant::now();
+    let held = store.read(&key).await.ctx(CASE, "read")?;
+    let before = Instant::now();
+    match b.try_acquire().await.ctx(CASE, "b acquiring")? {
+        Acquisition::Following {
+            leader: Some(l),
+            takeover_at,
+        } => {
+            ensure!(l.holder == *a.holder(), CASE, "b must see a as leader");
+            if model == ExpiryModel::ObservedByFollowers {
+                let t = takeover_at.ok_or_else(|| fail(CASE, "no takeover time"))?;
+                ensure!(t >= before + ttl, CASE, "takeover allowed before a full ttl");
+            }
+        }
+        other => return Err(fail(CASE, format!("b must follow, got {other:?}"))),
+    }
+    sleep(ttl / 2).await;
+    ensure!(
+        matches!(
+            b.try_acquire().await.ctx(CASE, "b acquiring")?,
+            Acquisition::Following { .. }
+        ),
+        CASE,
+        "b took over after half a ttl"
+    );
+    ensure!(
+        store.read(&key).await.ctx(CASE, "read")? == held,
+        CASE,
+        "the record changed before the ttl ran out"
+    );
+    let (g2, at) = take_over(&mut b, model, ttl, CASE).await?;
+    ensure!(at >= written + ttl, CASE, "b took over {:?} after a's write, before ttl {ttl:?}", at - written);
+    ensure!(g2.token > g1.token, CASE, "token {} not above {}", g2.token, g1.token);
+    let now = store.read(&key).await.ctx(CASE, "read")?;
+    ensure!(
+        now.is_some_and(|s| s.record.holder == *b.holder() && s.record.token == g2.token),
+        CASE,
+        "record must name b with its token"
+    );
+    Ok(())
+}
+
+/// After a takeover, the old holder's renew fails: its client reports the term over, and a
+/// write conditional on its last revision is a conflict that leaves the new record intact.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn stale_renew_is_conflict<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "stale_renew_is_conflict";
+    let key = h.unique_key();
+    let ttl = h.timing().ttl;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let mut b = client(h, CASE, &key, "b").await?;
+    let g1 = acquire(&mut a, CASE, "a").await?;
+    let a_rev = store
+        .read(&key)
+        .await
+        .ctx(CASE, "read")?
+        .ok_or_else(|| fail(CASE, "no record"))?;
+    b.try_acquire().await.ctx(CASE, "b observing")?;
+    take_over(&mut b, store.expiry_model(), ttl, CASE).await?;
+    let b_rec = store.read(&key).await.ctx(CASE, "read")?;
+    let renewal = a.renew().await.ctx(CASE, "a renewing")?;
+    ensure!(
+        matches!(renewal, Renewal::Expired | Renewal::Lost { .. }),
+        CASE,
+        "a's renew after the takeover must fail, got {renewal:?}"
+    );
+    let mut stale = a_rev.record.clone();
+    stale.nonce = WriteNonce(0x57a1e);
+    let outcome = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(a_rev.revision.clone()),
+            stale,
+            WriteKind::Renew,
+            TermId(u128::from(g1.token.0)),
+        ))
+        .await
+        .ctx(CASE, "stale renew write")?;
+    ensure!(
+        matches!(outcome, WriteOutcome::Conflict { .. }),
+        CASE,
+        "a renew conditional on a stale revision must conflict, got {outcome:?}"
+    );
+    ensure!(
+        !a.release().await.ctx(CASE, "a releasing")?,
+        CASE,
+        "a must not release b's lease"
+    );
+    ensure!(
+        store.read(&key).await.ctx(CASE, "read")? == b_rec,
+        CASE,
+        "b's record changed"
+    );
+    Ok(())
+}
+
+/// After a release, another candidate acquires at once, with a higher token.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn release_then_acquire<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "release_then_acquire";
+    let key = h.unique_key();
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let mut b = client(h, CASE, &key, "b").await?;
+    let g1 = acquire(&mut a, CASE, "a").await?;
+    b.try_acquire().await.ctx(CASE, "b observing")?;
+    ensure!(a.release().await.ctx(CASE, "release")?, CASE, "release must succeed");
+    let released = store.read(&key).await.ctx(CASE, "read")?;
+    ensure!(
+        released.as_ref().is_some_and(|s| !s.record.is_held() && s.record.token == g1.token),
+        CASE,
+        "released record must keep the token and say released: {released:?}"
+    );
+    let g2 = acquire(&mut b, CASE, "b").await?;
+    ensure!(g2.token > g1.token, CASE, "token {} not above {}", g2.token, g1.token);
+    Ok(())
+}
+
+/// `n` candidates race for a key, `rounds` times; each round exactly one wins, with a token
+/// above the previous round's, and releases for the next round.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn race<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "race";
+    const N: usize = 5;
+    const ROUNDS: usize = 4;
+    let key = h.unique_key();
+    let mut clients = Vec::with_capacity(N);
+    for i in 0..N {
+        clients.push(client(h, CASE, &key, &format!("racer{i}")).await?);
+    }
+    let mut last = FencingToken(0);
+    for round in 0..ROUNDS {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, mut c) in clients.drain(..).enumerate() {
+            tasks.spawn(async move {
+                let r = c.try_acquire().await;
+                (i, c, r)
+            });
+        }
+        let mut back: Vec<Option<LeaseClient>> = (0..N).map(|_| None).collect();
+        let mut winners = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (i, c, r) = joined.ctx(CASE, "racer task")?;
+            match r.ctx(CASE, &format!("round {round} racer {i}"))? {
+                Acquisition::Acquired(g) => winners.push((i, g)),
+                Acquisition::Following { .. } => {}
+            }
+            back[i] = Some(c);
+        }
+        clients = back.into_iter().flatten().collect();
+        ensure!(
+            winners.len() == 1,
+            CASE,
+            "round {round}: {} winners ({winners:?}); exactly one expected",
+            winners.len()
+        );
+        let (i, g) = winners[0];
+        ensure!(g.token > last, CASE, "round {round}: token {} not above {last}", g.token);
+        last = g.token;
+        ensure!(
+            clients[i].release().await.ctx(CASE, "release")?,
+            CASE,
+            "winner's release failed"
+        );
+    }
+    Ok(())
+}
+
+/// After a newer term writes a protected object, a write with the older token is rejected and
+/// changes nothing; the newer term keeps writing.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "deposed_fenced_write_rejected";
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-object")).ctx(CASE, "object name")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let mut b = client(h, CASE, &key, "b").await?;
+    let g1 = acquire(&mut a, CASE, "a").await?;
+    let fence_a = Fence {
+        key: key.clone(),
+        holder: a.holder().clone(),
+        token: g1.token,
+    };
+    store
+        .fenced_write(&fence_a, &object, b"from a")
+        .await
+        .ctx(CASE, "a's first fenced write")?;
+    ensure!(a.release().await.ctx(CASE, "release")?, CASE, "release failed");
+    let g2 = acquire(&mut b, CASE, "b").await?;
+    let fence_b = Fence {
+        key: key.clone(),
+        holder: b.holder().clone(),
+        token: g2.token,
+    };
+    store
+        .fenced_write(&fence_b, &object, b"from b")
+        .await
+        .ctx(CASE, "b's fenced write")?;
+    match store.fenced_write(&fence_a, &object, b"late from a").await {
+        Err(Error::Fenced { presented, .. }) => {
+            ensure!(presented == g1.token, CASE, "rejection must name a's token");
+        }
+        other => {
+            return Err(fail(
+                CASE,
+                format!("a's write after b's must be fenced off, got {other:?}"),
+            ));
+        }
+    }
+    let now = store
+        .fenced_read(&object)
+        .await
+        .ctx(CASE, "read object")?
+        .ok_or_else(|| fail(CASE, "object missing"))?;
+    ensure!(
+        now.value == b"from b" && now.fence == g2.token,
+        CASE,
+        "object must hold b's write with b's fence, has fence {}",
+        now.fence
+    );
+    store
+        .fenced_write(&fence_b, &object, b"again from b")
+        .await
+        .ctx(CASE, "b's second fenced write")?;
+    Ok(())
+}
+
+/// A malformed record gives a clear error naming the key, and nothing overwrites it.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn malformed_record_is_reported_and_kept<H: Harness + ?Sized>(
+    h: &H,
+) -> Result<(), Failure> {
+    const CASE: &str = "malformed_record_is_reported_and_kept";
+    let key = h.unique_key();
+    h.plant_malformed(&key).await.ctx(CASE, "planting")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    for attempt in 0..2 {
+        match a.try_acquire().await {
+            Err(e @ Error::MalformedRecord { .. }) => {
+                ensure!(
+                    e.to_string().contains(key.as_str()),
+                    CASE,
+                    "error must name the key: {e}"
+                );
+            }
+            other => {
+                return Err(fail(
+                    CASE,
+                    format!("attempt {attempt}: expected a malformed-record error, got {other:?}"),
+                ));
+            }
+        }
+    }
+    let outcome = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            record("conformance-a", 1, h.timing().ttl)?,
+            WriteKind::Acquire,
+            TermId(2),
+        ))
+        .await
+        .ctx(CASE, "raw create")?;
+    ensure!(
+        matches!(outcome, WriteOutcome::Conflict { .. }),
+        CASE,
+        "a create over a malformed record must conflict, got {outcome:?}"
+    );
+    ensure!(
+        matches!(store.read(&key).await, Err(Error::MalformedRecord { .. })),
+        CASE,
+        "the malformed record must still be there"
+    );
+    Ok(())
+}
+
+/// The store really checks conditions: a write with a stale revision, and a create over an
+/// existing record, are rejected, and 8 concurrent creates have exactly one winner. Without
+/// this, every other case could pass on a store that ignores conditions.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "fidelity_canary";
+    let key = h.unique_key();
+    let ttl = h.timing().ttl;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let term = TermId(0xfeed);
+    let w = |expected, token: u64, kind| {
+        record("conformance-canary", token, ttl)
+            .map(|r| WriteRequest::new(key.clone(), expected, r, kind, term))
+    };
+    let first = match store
+        .write(w(Expected::Absent, 1, WriteKind::Acquire)?)
+        .await
+        .ctx(CASE, "create")?
+    {
+        WriteOutcome::Written(s) => s,
+        other => return Err(fail(CASE, format!("create on a fresh key failed: {other:?}"))),
+    };
+    let second = match store
+        .write(w(Expected::Revision(first.revision.clone()), 2, WriteKind::Renew)?)
+        .await
+        .ctx(CASE, "update")?
+    {
+        WriteOutcome::Written(s) => s,
+        other => return Err(fail(CASE, format!("update at the current revision failed: {other:?}"))),
+    };
+    ensure!(second.revision != first.revision, CASE, "revision did not change");
+    let stale = store
+        .write(w(Expected::Revision(first.revision.clone()), 3, WriteKind::Renew)?)
+        .await
+        .ctx(CASE, "stale update")?;
+    ensure!(
+        matches!(stale, WriteOutcome::Conflict { .. }),
+        CASE,
+        "THE STORE ACCEPTED A WRITE WITH A STALE REVISION: {stale:?}"
+    );
+    let recreate = store
+        .write(w(Expected::Absent, 4, WriteKind::Acquire)?)
+        .await
+        .ctx(CASE, "create over existing")?;
+    ensure!(
+        matches!(recreate, WriteOutcome::Conflict { .. }),
+        CASE,
+        "THE STORE ACCEPTED A CREATE OVER AN EXISTING RECORD: {recreate:?}"
+    );
+    let now = store.read(&key).await.ctx(CASE, "read")?;
+    ensure!(
+        now.as_ref().is_some_and(|s| s.record.token == FencingToken(2)),
+        CASE,
+        "the record must be the last accepted write: {now:?}"
+    );
+
+    let race_key = h.unique_key();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8u64 {
+        let store: Arc<dyn LeaseBackend> = h.store().await.ctx(CASE, "connecting")?;
+        let req = WriteRequest::new(
+            race_key.clone(),
+            Expected::Absent,
+            record(&format!("conformance-racer{i}"), 1, ttl)?,
+            WriteKind::Acquire,
+            TermId(u128::from(i) + 100),
+        );
+        tasks.spawn(async move { store.write(req).await });
+    }
+    let mut won = 0;
+    while let Some(joined) = tasks.join_next().await {
+        if let WriteOutcome::Written(_) = joined.ctx(CASE, "racer")?.ctx(CASE, "racing create")? {
+            won += 1;
+        }
+    }
+    ensure!(won == 1, CASE, "{won} of 8 concurrent creates won; exactly one must");
+    Ok(())
+}
+
+/// Runs every case in turn.
+///
+/// # Errors
+/// The first [`Failure`].
+pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    fidelity_canary(h).await?;
+    create_if_absent(h).await?;
+    conflicting_create(h).await?;
+    renew(h).await?;
+    release_then_acquire(h).await?;
+    race(h).await?;
+    deposed_fenced_write_rejected(h).await?;
+    malformed_record_is_reported_and_kept(h).await?;
+    takeover_only_after_full_ttl(h).await?;
+    stale_renew_is_conflict(h).await?;
+    Ok(())
+}
+
+/// Generates one `#[tokio::test]` per conformance case for a harness expression.
+///
+/// `conformance_tests!(paused: expr)` runs the cases with paused tokio time (for stores that
+/// do no real I/O); `conformance_tests!(expr)` runs them on a multi-threaded runtime in real
+/// time. The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features
+/// (and `test-util` for `paused`).
+#[macro_export]
+macro_rules! conformance_tests {
+    (paused: $harness:expr) => {
+        $crate::conformance_tests!(@cases (start_paused = true) $harness;
+            fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
+            race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
+            takeover_only_after_full_ttl, stale_renew_is_conflict);
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases (flavor = "multi_thread", worker_threads = 2) $harness;
+            fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
+            race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
+            takeover_only_after_full_ttl, stale_renew_is_conflict);
+    };
+    (@cases $rt:tt $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test $rt]
+            async fn $case() {
+                let harness = $harness;
+                if let Err(failure) = $crate::conformance::$case(&harness).await {
+                    panic!("{failure}");
+                }
+            }
+        )*
+    };
+}

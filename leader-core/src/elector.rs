@@ -1,0 +1,776 @@
+//! The elector: campaigns, renews in the background, steps down, releases, and reports.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::backend::{Fence, LeaseBackend};
+use crate::config::{ClockRate, Timing};
+use crate::error::{ConfigError, Error, ErrorKind};
+use crate::lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
+use crate::model::{FencingToken, HolderId, LeaseKey, Metadata};
+use crate::rand::Rng;
+
+/// What this candidate knows about the leadership of its key, published on every change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Leadership {
+    /// Not known yet, or the store cannot be read; `problem` says why.
+    Unknown {
+        /// The last store error, if any.
+        problem: Option<Problem>,
+    },
+    /// Another candidate leads, or nobody does (`leader` is `None`).
+    Follower {
+        /// The leader this candidate observed.
+        leader: Option<ObservedLeader>,
+    },
+    /// This candidate leads until `deadline` unless it renews first.
+    Leader {
+        /// The term's fencing token.
+        token: FencingToken,
+        /// When this candidate stops acting unless a renew succeeds before.
+        deadline: Instant,
+    },
+    /// This candidate is ending its term: the work has been told to stop and the lease will be
+    /// released once it has.
+    SteppingDown {
+        /// The ending term's token.
+        token: FencingToken,
+    },
+    /// The elector has shut down.
+    Stopped,
+}
+
+impl Leadership {
+    /// The token, if this candidate leads.
+    pub fn token(&self) -> Option<FencingToken> {
+        match self {
+            Leadership::Leader { token, .. } => Some(*token),
+            _ => None,
+        }
+    }
+
+    /// Whether this candidate leads.
+    pub fn is_leader(&self) -> bool {
+        matches!(self, Leadership::Leader { .. })
+    }
+}
+
+/// A store error as a plain value, for [`Leadership::Unknown`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The kind of error.
+    pub kind: ErrorKind,
+    /// Its message.
+    pub message: String,
+}
+
+impl From<&Error> for Problem {
+    fn from(e: &Error) -> Self {
+        Self {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The elector has stopped: no further term will begin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the elector has stopped")]
+pub struct Stopped;
+
+/// Configures an [`Elector`]. Durations left unset are derived from `ttl` as in
+/// [`Timing::from_ttl`].
+#[derive(Debug)]
+#[must_use]
+pub struct ElectorBuilder {
+    backend: Arc<dyn LeaseBackend>,
+    key: LeaseKey,
+    holder: Option<HolderId>,
+    metadata: Metadata,
+    ttl: Duration,
+    renew_every: Option<Duration>,
+    retry_every: Option<Duration>,
+    margin: Option<Duration>,
+    request_timeout: Option<Duration>,
+    seed: Option<u64>,
+    clock: ClockRate,
+}
+
+impl ElectorBuilder {
+    /// The lease duration (default 15 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often the leader renews (default `ttl / 3`).
+    pub fn renew_every(mut self, d: Duration) -> Self {
+        self.renew_every = Some(d);
+        self
+    }
+
+    /// How often a follower polls (default `ttl / 5`).
+    pub fn retry_every(mut self, d: Duration) -> Self {
+        self.retry_every = Some(d);
+        self
+    }
+
+    /// How long before its lease could expire the leader stops acting (default the larger of
+    /// `ttl / 10` and `2 x request_timeout`).
+    pub fn margin(mut self, d: Duration) -> Self {
+        self.margin = Some(d);
+        self
+    }
+
+    /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = Some(d);
+        self
+    }
+
+    /// Sets every duration at once.
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.ttl = timing.ttl;
+        self.renew_every = Some(timing.renew_every);
+        self.retry_every = Some(timing.retry_every);
+        self.margin = Some(timing.margin);
+        self.request_timeout = Some(timing.request_timeout);
+        self
+    }
+
+    /// This candidate's id (default [`HolderId::generate`]).
+    pub fn holder_id(mut self, holder: HolderId) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
+    /// Metadata that followers can read while this candidate leads.
+    pub fn metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Seeds the jitter of polls and backoff, for reproducible tests (default: random).
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Simulation only: run this candidate's timers as if its clock ran at `rate` (1.0 is true
+    /// time), to check that `margin` covers clock drift.
+    #[doc(hidden)]
+    pub fn simulated_clock_rate(mut self, rate: f64) -> Self {
+        self.clock = ClockRate(rate);
+        self
+    }
+
+    /// The timing these settings give.
+    pub fn resolved_timing(&self) -> Timing {
+        let mut t = Timing::from_ttl(self.ttl);
+        if let Some(d) = self.request_timeout {
+            t.request_timeout = d;
+            t.margin = (self.ttl / 10).max(d * 2);
+        }
+        if let Some(d) = self.renew_every {
+            t.renew_every = d;
+        }
+        if let Some(d) = self.retry_every {
+            t.retry_every = d;
+        }
+        if let Some(d) = self.margin {
+            t.margin = d;
+        }
+        t
+    }
+
+    /// Validates the settings and builds the elector.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first violated rule: a zero duration, a margin below twice
+    /// the request timeout, no time to renew before the deadline, metadata a store cannot keep,
+    /// or a timing the backend does not support.
+    pub fn build(self) -> Result<Elector, ConfigError> {
+        let timing = self.resolved_timing();
+        if !(self.clock.0.is_finite() && self.clock.0 > 0.0) {
+            return Err(ConfigError::ZeroDuration {
+                field: "simulated clock rate",
+            });
+        }
+        let holder = self.holder.unwrap_or_else(HolderId::generate);
+        let mut client = LeaseClient::new(self.backend, self.key, holder, timing)?
+            .with_clock(self.clock, self.seed.map(|s| s ^ 0x5eed));
+        client.set_metadata(self.metadata)?;
+        Ok(Elector {
+            client,
+            timing,
+            clock: self.clock,
+            rng: self.seed.map_or_else(Rng::from_entropy, Rng::seeded),
+        })
+    }
+}
+
+/// Campaigns for one lease key and keeps the lease while it leads.
+///
+/// Build it with [`Elector::builder`], then [`spawn`](Elector::spawn) it (or run its task
+/// yourself with [`into_parts`](Elector::into_parts)). The returned [`ElectorHandle`]
+/// publishes [`Leadership`], hands out [`Term`]s, and resigns or shuts down.
+///
+/// The timing rules it keeps (DESIGN.md):
+/// - a term is valid until `t_sent + ttl - margin` of its last successful write; at that
+///   instant the term's work is cancelled and leadership changes, whether or not the store
+///   answered;
+/// - a renew that meets a conflict ends the term at once;
+/// - a follower takes over a record only after seeing it unchanged for a full ttl on its own
+///   clock (unless the store enforces expiry), and a released record at once;
+/// - every store call has its own timeout; errors back off with jitter, capped at
+///   `retry_every` for followers and bounded by the deadline for the leader.
+#[derive(Debug)]
+pub struct Elector {
+    client: LeaseClient,
+    timing: Timing,
+    clock: ClockRate,
+    rng: Rng,
+}
+
+/// The elector's background work, for callers who run it on their own executor.
+pub type ElectorTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+impl Elector {
+    /// Starts configuring an elector for `key` on `backend`.
+    pub fn builder(backend: Arc<dyn LeaseBackend>, key: LeaseKey) -> ElectorBuilder {
+        ElectorBuilder {
+            backend,
+            key,
+            holder: None,
+            metadata: Metadata::new(),
+            ttl: Timing::DEFAULT_TTL,
+            renew_every: None,
+            retry_every: None,
+            margin: None,
+            request_timeout: None,
+            seed: None,
+            clock: ClockRate(1.0),
+        }
+    }
+
+    /// The timing in force.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// Spawns the campaign on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, like [`tokio::spawn`].
+    pub fn spawn(self) -> ElectorHandle {
+        let (mut handle, task) = self.into_parts();
+        handle.task = Some(tokio::spawn(task));
+        handle
+    }
+
+    /// The handle and the campaign's future, which the caller must run to completion.
+    pub fn into_parts(self) -> (ElectorHandle, ElectorTask) {
+        let (tx, rx) = watch::channel(Leadership::Unknown { problem: None });
+        let (commands_tx, commands_rx) = mpsc::channel(4);
+        let shared = Arc::new(Shared {
+            tx,
+            shutdown: CancellationToken::new(),
+            term: Mutex::new(None),
+            key: self.client.key().clone(),
+            holder: self.client.holder().clone(),
+        });
+        let span = info_span!("elector", key = %shared.key, holder = %shared.holder);
+        let driver = Driver {
+            client: self.client,
+            timing: self.timing,
+            clock: self.clock,
+            rng: self.rng,
+            shared: shared.clone(),
+            commands: commands_rx,
+            cooldown_until: None,
+        };
+        let handle = ElectorHandle {
+            shared,
+            rx,
+            commands: commands_tx,
+            task: None,
+        };
+        (handle, Box::pin(driver.run().instrument(span)))
+    }
+}
+
+#[derive(Debug)]
+struct TermShared {
+    token: FencingToken,
+    cancel: CancellationToken,
+    alive: mpsc::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    tx: watch::Sender<Leadership>,
+    shutdown: CancellationToken,
+    term: Mutex<Option<TermShared>>,
+    key: LeaseKey,
+    holder: HolderId,
+}
+
+impl Shared {
+    fn term(&self) -> MutexGuard<'_, Option<TermShared>> {
+        self.term.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, state: Leadership) {
+        self.tx.send_if_modified(|current| {
+            if *current == state {
+                false
+            } else {
+                *current = state;
+                true
+            }
+        });
+    }
+}
+
+enum Command {
+    Resign(oneshot::Sender<()>),
+}
+
+/// Controls a running [`Elector`]. Dropping it shuts the elector down (releasing the lease in
+/// the background, if the runtime lives on).
+#[derive(Debug)]
+pub struct ElectorHandle {
+    shared: Arc<Shared>,
+    rx: watch::Receiver<Leadership>,
+    commands: mpsc::Sender<Command>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ElectorHandle {
+    /// A receiver of every leadership change.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.rx.clone()
+    }
+
+    /// The leadership now.
+    pub fn current(&self) -> Leadership {
+        self.rx.borrow().clone()
+    }
+
+    /// This candidate's holder id.
+    pub fn holder_id(&self) -> &HolderId {
+        &self.shared.holder
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.shared.key
+    }
+
+    /// Waits until this candidate leads and returns the term: its token, its cancellation, and
+    /// its deadline. Drop the [`Term`] when the term's work has stopped: shutdown and resign
+    /// wait for that (up to the deadline) before releasing the lease.
+    ///
+    /// # Errors
+    /// [`Stopped`] if the elector stops first.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn wait_for_term(&self) -> Result<Term, Stopped> {
+        let mut rx = self.rx.clone();
+        loop {
+            let state = rx.borrow_and_update().clone();
+            match state {
+                Leadership::Leader { token, deadline } => {
+                    let term = self.shared.term();
+                    if let Some(t) = term.as_ref() {
+                        if t.token == token && !t.cancel.is_cancelled() {
+                            return Ok(Term {
+                                fence: Fence {
+                                    key: self.shared.key.clone(),
+                                    holder: self.shared.holder.clone(),
+                                    token,
+                                },
+                                cancel: t.cancel.clone(),
+                                first_deadline: deadline,
+                                rx: self.rx.clone(),
+                                _alive: t.alive.clone(),
+                            });
+                        }
+                    }
+                }
+                Leadership::Stopped => return Err(Stopped),
+                _ => {}
+            }
+            rx.changed().await.map_err(|_| Stopped)?;
+        }
+    }
+
+    /// Steps down if leading: cancels the term's work, waits for its [`Term`]s to be dropped
+    /// (at most until the deadline), releases the lease so that a follower takes over at once,
+    /// then keeps following without campaigning for one ttl. Does nothing if not leading.
+    ///
+    /// # Errors
+    /// [`Stopped`] if the elector has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe; the step-down goes on.
+    pub async fn resign(&self) -> Result<(), Stopped> {
+        let (ack, done) = oneshot::channel();
+        self.commands
+            .send(Command::Resign(ack))
+            .await
+            .map_err(|_| Stopped)?;
+        done.await.map_err(|_| Stopped)
+    }
+
+    /// Stops campaigning: cancels the term's work, waits for its [`Term`]s to be dropped (at
+    /// most until the deadline), releases the lease if the work stopped in time, and returns
+    /// when the elector has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe; the shutdown goes on.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.cancel();
+        let mut rx = self.rx.clone();
+        let _ = rx.wait_for(|l| *l == Leadership::Stopped).await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ElectorHandle {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+    }
+}
+
+/// One term of leadership, handed to the work it allows.
+///
+/// Check [`is_valid`](Term::is_valid) before each action, or run the work until
+/// [`cancelled`](Term::cancelled): the elector cancels it when the term ends (deadline, lost
+/// lease, resign, shutdown). `is_valid` also checks the deadline on the local clock, so a
+/// process that was paused past its deadline sees the term as over even before the elector's
+/// task has run. Pass [`fence`](Term::fence) with writes to protected resources. Drop the
+/// `Term` when the work has stopped.
+#[derive(Debug)]
+pub struct Term {
+    fence: Fence,
+    cancel: CancellationToken,
+    first_deadline: Instant,
+    rx: watch::Receiver<Leadership>,
+    _alive: mpsc::Sender<()>,
+}
+
+impl Term {
+    /// The term's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.fence.token
+    }
+
+    /// The lease key, holder and token, for fenced writes.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// The deadline as of the last renew: the term is over at this instant unless renewed.
+    pub fn deadline(&self) -> Instant {
+        match &*self.rx.borrow() {
+            Leadership::Leader { token, deadline } if *token == self.fence.token => *deadline,
+            _ => self.first_deadline.min(Instant::now()),
+        }
+    }
+
+    /// Whether the term still allows acting: not cancelled and before the deadline.
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// Completes when the term ends.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// The term's cancellation token, for work spawned elsewhere (it is cancelled when the
+    /// term ends).
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// Exponential backoff with jitter in `[d/2, d]`.
+#[derive(Debug)]
+struct Backoff {
+    base: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(base: Duration, cap: Duration) -> Self {
+        let base = base.max(Duration::from_millis(1)).min(cap);
+        Self {
+            base,
+            cap,
+            next: base,
+        }
+    }
+
+    fn next(&mut self, rng: &mut Rng) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        rng.duration(d / 2, d)
+    }
+
+    fn reset(&mut self) {
+        self.next = self.base;
+    }
+}
+
+enum FollowEnd {
+    Acquired(Grant),
+    Shutdown,
+}
+
+enum LeadEnd {
+    Shutdown,
+    Resigned,
+    Over,
+}
+
+struct Driver {
+    client: LeaseClient,
+    timing: Timing,
+    clock: ClockRate,
+    rng: Rng,
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    cooldown_until: Option<Instant>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        loop {
+            let grant = match self.follow().await {
+                FollowEnd::Acquired(grant) => grant,
+                FollowEnd::Shutdown => break,
+            };
+            match self.lead(grant).await {
+                LeadEnd::Shutdown => break,
+                LeadEnd::Resigned => {
+                    self.cooldown_until = Some(Instant::now() + self.clock.real(self.timing.ttl));
+                }
+                LeadEnd::Over => {}
+            }
+        }
+        self.shared.publish(Leadership::Stopped);
+        info!("elector stopped");
+    }
+
+    fn real(&self, d: Duration) -> Duration {
+        self.clock.real(d)
+    }
+
+    /// Campaigns until this candidate holds the lease or shutdown begins.
+    async fn follow(&mut self) -> FollowEnd {
+        let retry = self.real(self.timing.retry_every);
+        let mut backoff = Backoff::new(retry / 4, retry);
+        let mut failing = false;
+        loop {
+            if self.shared.shutdown.is_cancelled() {
+                return FollowEnd::Shutdown;
+            }
+            let cooling = self.cooldown_until.is_some_and(|t| Instant::now() < t);
+            let attempt = if cooling {
+                self.client.observe().await.map(|s| Acquisition::Following {
+                    leader: s.and_then(|s| {
+                        s.record.is_held().then(|| ObservedLeader {
+                            holder: s.record.holder,
+                            token: s.record.token,
+                            metadata: s.record.metadata,
+                        })
+                    }),
+                    takeover_at: None,
+                })
+            } else {
+                self.client.try_acquire().await
+            };
+            let next = match attempt {
+                Ok(Acquisition::Acquired(grant)) => {
+                    if self.shared.shutdown.is_cancelled() {
+                        let _ = self.client.release().await;
+                        return FollowEnd::Shutdown;
+                    }
+                    return FollowEnd::Acquired(grant);
+                }
+                Ok(Acquisition::Following {
+                    leader,
+                    takeover_at,
+                }) => {
+                    if failing {
+                        info!("store reachable again");
+                        failing = false;
+                    }
+                    backoff.reset();
+                    self.shared.publish(Leadership::Follower { leader });
+                    let poll = Instant::now() + self.rng.duration(retry * 4 / 5, retry);
+                    takeover_at.map_or(poll, |t| t.min(poll))
+                }
+                Err(e) => {
+                    if failing {
+                        debug!(error = %e, "campaign attempt failed");
+                    } else {
+                        warn!(error = %e, "campaign attempt failed; backing off");
+                        failing = true;
+                    }
+                    self.shared.publish(Leadership::Unknown {
+                        problem: Some(Problem::from(&e)),
+                    });
+                    Instant::now() + backoff.next(&mut self.rng)
+                }
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = self.shared.shutdown.cancelled() => return FollowEnd::Shutdown,
+                    cmd = self.commands.recv() => match cmd {
+                        Some(Command::Resign(ack)) => { let _ = ack.send(()); }
+                        None => return FollowEnd::Shutdown,
+                    },
+                    _ = sleep_until(next) => break,
+                }
+            }
+        }
+    }
+
+    /// Leads one term: renews until the term ends.
+    async fn lead(&mut self, mut grant: Grant) -> LeadEnd {
+        let token = grant.token;
+        let cancel = CancellationToken::new();
+        let (alive, mut work_done) = mpsc::channel::<()>(1);
+        *self.shared.term() = Some(TermShared {
+            token,
+            cancel: cancel.clone(),
+            alive,
+        });
+        self.shared.publish(Leadership::Leader {
+            token,
+            deadline: grant.deadline,
+        });
+        info!(%token, "became leader");
+        let validity = self.real(self.timing.term_validity());
+        let renew_every = self.real(self.timing.renew_every);
+        loop {
+            let next_renew = grant.deadline - validity + renew_every;
+            tokio::select! {
+                biased;
+                _ = self.shared.shutdown.cancelled() => {
+                    self.step_down(&cancel, &mut work_done, grant).await;
+                    return LeadEnd::Shutdown;
+                }
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Resign(ack)) => {
+                        info!(%token, "resigning");
+                        self.step_down(&cancel, &mut work_done, grant).await;
+                        let _ = ack.send(());
+                        return LeadEnd::Resigned;
+                    }
+                    None => {
+                        self.step_down(&cancel, &mut work_done, grant).await;
+                        return LeadEnd::Shutdown;
+                    }
+                },
+                _ = sleep_until(grant.deadline) => {
+                    self.end_term(&cancel, "deadline passed without a successful renew", None);
+                    return LeadEnd::Over;
+                }
+                _ = sleep_until(next_renew) => {}
+            }
+            let mut backoff = Backoff::new(
+                self.real(self.timing.request_timeout) / 4,
+                self.real(self.timing.renew_every) / 2,
+            );
+            loop {
+                let renewal = tokio::select! {
+                    biased;
+                    _ = sleep_until(grant.deadline) => None,
+                    r = self.client.renew() => Some(r),
+                };
+                match renewal {
+                    None | Some(Ok(Renewal::Expired)) => {
+                        self.end_term(&cancel, "deadline passed before a renew succeeded", None);
+                        return LeadEnd::Over;
+                    }
+                    Some(Ok(Renewal::Lost { leader })) => {
+                        self.end_term(&cancel, "lease lost to another holder", Some(leader));
+                        return LeadEnd::Over;
+                    }
+                    Some(Ok(Renewal::Renewed(g))) => {
+                        grant = g;
+                        self.shared.publish(Leadership::Leader {
+                            token,
+                            deadline: grant.deadline,
+                        });
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        warn!(%token, error = %e, "renew failed; retrying before the deadline");
+                        let wait = Instant::now() + backoff.next(&mut self.rng);
+                        tokio::select! {
+                            biased;
+                            _ = sleep_until(grant.deadline) => {}
+                            _ = sleep_until(wait) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn end_term(&mut self, cancel: &CancellationToken, why: &str, leader: Option<Option<ObservedLeader>>) {
+        cancel.cancel();
+        *self.shared.term() = None;
+        self.client.end_term(why);
+        warn!(why, "stepped down");
+        self.shared.publish(match leader {
+            Some(leader) => Leadership::Follower { leader },
+            None => Leadership::Unknown { problem: None },
+        });
+    }
+
+    /// Cancels the term's work, waits for its `Term`s to be dropped (until the deadline at
+    /// most), then releases the lease if the work stopped in time.
+    async fn step_down(
+        &mut self,
+        cancel: &CancellationToken,
+        work_done: &mut mpsc::Receiver<()>,
+        grant: Grant,
+    ) {
+        cancel.cancel();
+        *self.shared.term() = None;
+        self.shared.publish(Leadership::SteppingDown { token: grant.token });
+        if timeout_at(grant.deadline, work_done.recv()).await.is_err() {
+            warn!(token = %grant.token, "the term's work did not stop by the deadline; not releasing, the lease will expire");
+            self.client.end_term("work outlived the deadline");
+            self.shared.publish(Leadership::Unknown { problem: None });
+            return;
+        }
+        match self.client.release().await {
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "release failed; the lease will expire after its ttl"),
+        }
+        self.shared.publish(Leadership::Follower { leader: None });
+    }
+}

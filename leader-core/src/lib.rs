@@ -1,0 +1,85 @@
+//! Leader election on storage you already have: the lease protocol, the elector, fencing
+//! tokens, and the stores that need no cloud.
+//!
+//! Many identical instances campaign for one lease key; exactly one leads at a time. The
+//! leader renews in the background and stops acting *before* its lease could have expired;
+//! when it dies, a follower takes over after the lease's ttl; when it shuts down, it releases
+//! the lease and a follower takes over at once. Every term carries a [`FencingToken`] higher
+//! than every earlier term's, so a protected resource can reject a deposed leader's writes.
+//!
+//! The pieces:
+//! - [`LeaseBackend`]: the small contract a store implements (read; write if the revision
+//!   still matches). [`MemoryStore`] and [`FileStore`] here; Azure, DynamoDB and GCS in their
+//!   own crates.
+//! - [`LeaseClient`]: the protocol over any backend (staleness on the local monotonic clock,
+//!   tokens, recovery from lost responses), written once.
+//! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`].
+//! - [`FencedStore`] and [`FenceGate`]: the resource side of fencing.
+//!
+//! # Example
+//!
+//! Campaign, get the token, do fenced work, step down (on the in-memory store):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use leader_core::{Elector, FencedStore, LeaseKey, MemoryStore, ObjectName};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let elector = Elector::builder(Arc::new(store.clone()), LeaseKey::new("scheduler")?)
+//!     .ttl(Duration::from_secs(15))
+//!     .build()?;
+//! let handle = elector.spawn();
+//!
+//! // Wait until this instance leads.
+//! let term = handle.wait_for_term().await?;
+//! println!("leading with token {}", term.token());
+//!
+//! // Do the work of the term; a write that a newer term has overtaken is rejected.
+//! let report = ObjectName::new("daily-report")?;
+//! if term.is_valid() {
+//!     store.fenced_write(term.fence(), &report, b"done").await?;
+//! }
+//! drop(term); // the work has stopped
+//!
+//! // Step down: the lease is released, and a follower may take over at once.
+//! handle.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod config;
+mod elector;
+mod error;
+mod fence;
+mod file;
+mod lease;
+mod memory;
+mod model;
+mod rand;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(any())]
+pub mod simulation;
+
+pub use backend::{
+    Expected, ExpiryModel, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind,
+    WriteOutcome, WriteRequest,
+};
+pub use config::Timing;
+pub use elector::{
+    Elector, ElectorBuilder, ElectorHandle, ElectorTask, Leadership, Problem, Stopped, Term,
+};
+pub use error::{BoxError, ConfigError, Error, ErrorKind};
+pub use fence::{FenceGate, StaleToken};
+pub use file::FileStore;
+pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
+pub use memory::MemoryStore;
+pub use model::{
+    FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, LeaseRecord, LeaseState, Metadata, ObjectName,
+    RecordParts, Revision, TermId, WriteNonce, validate_metadata, wall_clock_unix_ms,
+};

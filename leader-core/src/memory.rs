@@ -1,0 +1,143 @@
+//! A store in memory, for tests, documentation and the simulation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use crate::backend::{
+    Expected, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteOutcome, WriteRequest,
+};
+use crate::error::Error;
+use crate::model::{LeaseKey, LeaseRecord, ObjectName, Revision};
+
+#[derive(Debug, Default)]
+struct State {
+    next_revision: u64,
+    leases: HashMap<String, (Vec<u8>, Revision)>,
+    objects: HashMap<String, FencedObject>,
+}
+
+impl State {
+    fn revision(&mut self) -> Revision {
+        self.next_revision += 1;
+        Revision::new(self.next_revision.to_string())
+    }
+}
+
+/// A linearizable store in process memory. Clones share the same data, like several clients of
+/// one cloud store.
+///
+/// Records are kept encoded as JSON, exactly as blob and file stores keep them, so that a
+/// malformed record behaves as it would in a real store. Revisions come from a counter and are
+/// never reused.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated (every update is
+        // a single insert), so a poisoned lock is safe to use.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores raw bytes as the record of `key`, bypassing every check (to plant a malformed
+    /// record in a test).
+    pub fn put_raw(&self, key: &LeaseKey, bytes: Vec<u8>) {
+        let mut state = self.lock();
+        let revision = state.revision();
+        state
+            .leases
+            .insert(key.as_str().to_owned(), (bytes, revision));
+    }
+
+    /// Deletes the record of `key`, as an operator might.
+    pub fn delete(&self, key: &LeaseKey) {
+        self.lock().leases.remove(key.as_str());
+    }
+
+    fn decode(key: &str, bytes: &[u8], revision: &Revision) -> Result<Stored, Error> {
+        Ok(Stored {
+            record: LeaseRecord::from_json(key, bytes)?,
+            revision: revision.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for MemoryStore {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        let state = self.lock();
+        state
+            .leases
+            .get(key.as_str())
+            .map(|(bytes, rev)| Self::decode(key.as_str(), bytes, rev))
+            .transpose()
+    }
+
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let mut state = self.lock();
+        let key = request.key.as_str();
+        let current = state.leases.get(key);
+        let matches = match (&request.expected, current) {
+            (Expected::Absent, None) => true,
+            (Expected::Revision(want), Some((_, have))) => want == have,
+            _ => false,
+        };
+        if !matches {
+            let current = current
+                .and_then(|(bytes, rev)| Self::decode(key, bytes, rev).ok());
+            return Ok(WriteOutcome::Conflict { current });
+        }
+        let revision = state.revision();
+        state.leases.insert(
+            key.to_owned(),
+            (request.record.to_json(), revision.clone()),
+        );
+        Ok(WriteOutcome::Written(Stored {
+            record: request.record,
+            revision,
+        }))
+    }
+}
+
+#[async_trait]
+impl FencedStore for MemoryStore {
+    async fn fenced_write(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        let mut state = self.lock();
+        if let Some(current) = state.objects.get(object.as_str()) {
+            if current.fence > fence.token {
+                return Err(Error::Fenced {
+                    object: object.to_string(),
+                    presented: fence.token,
+                    highest: Some(current.fence),
+                });
+            }
+        }
+        let written = FencedObject {
+            fence: fence.token,
+            value: value.to_vec(),
+            revision: state.revision(),
+        };
+        state
+            .objects
+            .insert(object.as_str().to_owned(), written.clone());
+        Ok(written)
+    }
+
+    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        Ok(self.lock().objects.get(object.as_str()).cloned())
+    }
+}
