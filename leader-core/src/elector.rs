@@ -311,6 +311,7 @@ impl Elector {
 struct TermShared {
     token: FencingToken,
     cancel: CancellationToken,
+    deadline: watch::Receiver<Instant>,
     alive: mpsc::Sender<()>,
 }
 
@@ -389,10 +390,13 @@ impl ElectorHandle {
         loop {
             let state = rx.borrow_and_update().clone();
             match state {
-                Leadership::Leader { token, deadline } => {
+                Leadership::Leader { token, .. } => {
                     let term = self.shared.term();
                     if let Some(t) = term.as_ref() {
-                        if t.token == token && !t.cancel.is_cancelled() {
+                        // A term past its deadline is over even if the elector's task has
+                        // not run yet (a resumed process); wait for it to say so.
+                        let live = !t.cancel.is_cancelled() && Instant::now() < *t.deadline.borrow();
+                        if t.token == token && live {
                             return Ok(Term {
                                 fence: Fence {
                                     key: self.shared.key.clone(),
@@ -400,8 +404,7 @@ impl ElectorHandle {
                                     token,
                                 },
                                 cancel: t.cancel.clone(),
-                                first_deadline: deadline,
-                                rx: self.rx.clone(),
+                                deadline: t.deadline.clone(),
                                 _alive: t.alive.clone(),
                             });
                         }
@@ -466,8 +469,7 @@ impl Drop for ElectorHandle {
 pub struct Term {
     fence: Fence,
     cancel: CancellationToken,
-    first_deadline: Instant,
-    rx: watch::Receiver<Leadership>,
+    deadline: watch::Receiver<Instant>,
     _alive: mpsc::Sender<()>,
 }
 
@@ -482,12 +484,10 @@ impl Term {
         &self.fence
     }
 
-    /// The deadline as of the last renew: the term is over at this instant unless renewed.
+    /// The deadline as of the last successful renew: the term is over at this instant unless
+    /// a renew succeeds before.
     pub fn deadline(&self) -> Instant {
-        match &*self.rx.borrow() {
-            Leadership::Leader { token, deadline } if *token == self.fence.token => *deadline,
-            _ => self.first_deadline.min(Instant::now()),
-        }
+        *self.deadline.borrow()
     }
 
     /// Whether the term still allows acting: not cancelled and before the deadline.
@@ -660,9 +660,11 @@ impl Driver {
         let token = grant.token;
         let cancel = CancellationToken::new();
         let (alive, mut work_done) = mpsc::channel::<()>(1);
+        let (deadline_tx, deadline) = watch::channel(grant.deadline);
         *self.shared.term() = Some(TermShared {
             token,
             cancel: cancel.clone(),
+            deadline,
             alive,
         });
         self.shared.publish(Leadership::Leader {
@@ -719,6 +721,7 @@ impl Driver {
                     }
                     Some(Ok(Renewal::Renewed(g))) => {
                         grant = g;
+                        deadline_tx.send_replace(grant.deadline);
                         self.shared.publish(Leadership::Leader {
                             token,
                             deadline: grant.deadline,

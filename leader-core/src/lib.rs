@@ -63,7 +63,7 @@ mod rand;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
-#[cfg(any())]
+#[cfg(feature = "simulation")]
 pub mod simulation;
 
 pub use backend::{
