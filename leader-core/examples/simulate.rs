@@ -76,8 +76,12 @@ fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let workers: Vec<_> = (0..threads.max(1))
         .map(|_| {
-            let (next, failed, terms, worst_gap) =
-                (next.clone(), failed.clone(), terms.clone(), worst_gap.clone());
+            let (next, failed, terms, worst_gap) = (
+                next.clone(),
+                failed.clone(),
+                terms.clone(),
+                worst_gap.clone(),
+            );
             std::thread::spawn(move || {
                 loop {
                     let seed = next.fetch_add(1, Ordering::Relaxed);
@@ -99,10 +103,7 @@ fn main() -> ExitCode {
                         for v in &report.violations {
                             println!("seed {seed}: [{}] {}", v.checker, v.detail);
                         }
-                        failed
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(seed);
+                        failed.lock().unwrap_or_else(|e| e.into_inner()).push(seed);
                     }
                 }
             })
@@ -123,10 +124,10 @@ fn main() -> ExitCode {
         elapsed.as_secs_f64() * 1000.0 / seeds.max(1) as f64,
     );
     println!("{summary}");
-    if let Some(path) = out {
-        if let Err(e) = std::fs::write(&path, format!("{summary}\n")) {
-            eprintln!("cannot write {path}: {e}");
-        }
+    if let Some(path) = out
+        && let Err(e) = std::fs::write(&path, format!("{summary}\n"))
+    {
+        eprintln!("cannot write {path}: {e}");
     }
     if !failed.is_empty() {
         let mut sorted = failed.clone();
@@ -140,5 +141,9 @@ fn main() -> ExitCode {
         NegativeControl::None => failed.is_empty(),
         _ => !failed.is_empty(),
     };
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

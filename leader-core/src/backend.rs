@@ -6,9 +6,7 @@ use async_trait::async_trait;
 
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
-use crate::model::{
-    FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId,
-};
+use crate::model::{FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId};
 
 /// A record as stored, with the revision the store gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -99,11 +99,7 @@ pub(crate) struct ClockRate(pub(crate) f64);
 
 impl ClockRate {
     pub(crate) fn real(self, d: Duration) -> Duration {
-        if self.0 == 1.0 {
-            d
-        } else {
-            d.div_f64(self.0)
-        }
+        if self.0 == 1.0 { d } else { d.div_f64(self.0) }
     }
 }
 

@@ -44,8 +44,7 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{
-    Expected, ExpiryModel, Fence, FencedStore, LeaseBackend, WriteKind, WriteOutcome,
-    WriteRequest,
+    Expected, ExpiryModel, Fence, FencedStore, LeaseBackend, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::error::Error;
@@ -122,7 +121,11 @@ async fn client<H: Harness + ?Sized>(
 }
 
 async fn acquire(c: &mut LeaseClient, case: &'static str, who: &str) -> Result<Grant, Failure> {
-    match c.try_acquire().await.ctx(case, &format!("{who} acquiring"))? {
+    match c
+        .try_acquire()
+        .await
+        .ctx(case, &format!("{who} acquiring"))?
+    {
         Acquisition::Acquired(g) => Ok(g),
         other => Err(fail(
             case,
@@ -222,7 +225,11 @@ pub async fn conflicting_create<H: Harness + ?Sized>(h: &H) -> Result<(), Failur
         "a create over an existing record must conflict, got {outcome:?}"
     );
     let after = store.read(&key).await.ctx(CASE, "read")?;
-    ensure!(before == after, CASE, "the record changed: {before:?} -> {after:?}");
+    ensure!(
+        before == after,
+        CASE,
+        "the record changed: {before:?} -> {after:?}"
+    );
     Ok(())
 }
 
@@ -243,13 +250,25 @@ pub async fn renew<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
         other => return Err(fail(CASE, format!("renew must succeed, got {other:?}"))),
     };
     ensure!(g2.token == g1.token, CASE, "renew changed the token");
-    ensure!(g2.deadline > g1.deadline, CASE, "renew must extend the deadline");
+    ensure!(
+        g2.deadline > g1.deadline,
+        CASE,
+        "renew must extend the deadline"
+    );
     let r2 = store.read(&key).await.ctx(CASE, "read")?;
     let (Some(r1), Some(r2)) = (r1, r2) else {
         return Err(fail(CASE, "record vanished"));
     };
-    ensure!(r1.revision != r2.revision, CASE, "renew must change the revision");
-    ensure!(r2.record.is_held() && r2.record.token == g1.token, CASE, "bad record {r2:?}");
+    ensure!(
+        r1.revision != r2.revision,
+        CASE,
+        "renew must change the revision"
+    );
+    ensure!(
+        r2.record.is_held() && r2.record.token == g1.token,
+        CASE,
+        "bad record {r2:?}"
+    );
     // A second renew works from the new revision.
     ensure!(
         matches!(a.renew().await.ctx(CASE, "renew")?, Renewal::Renewed(_)),
@@ -307,7 +326,11 @@ pub async fn takeover_only_after_full_ttl<H: Harness + ?Sized>(h: &H) -> Result<
             ensure!(l.holder == *a.holder(), CASE, "b must see a as leader");
             if model == ExpiryModel::ObservedByFollowers {
                 let t = takeover_at.ok_or_else(|| fail(CASE, "no takeover time"))?;
-                ensure!(t >= before + ttl, CASE, "takeover allowed before a full ttl");
+                ensure!(
+                    t >= before + ttl,
+                    CASE,
+                    "takeover allowed before a full ttl"
+                );
             }
         }
         other => return Err(fail(CASE, format!("b must follow, got {other:?}"))),
@@ -327,8 +350,19 @@ pub async fn takeover_only_after_full_ttl<H: Harness + ?Sized>(h: &H) -> Result<
         "the record changed before the ttl ran out"
     );
     let (g2, at) = take_over(&mut b, model, ttl, CASE).await?;
-    ensure!(at >= written + ttl, CASE, "b took over {:?} after a's write, before ttl {ttl:?}", at - written);
-    ensure!(g2.token > g1.token, CASE, "token {} not above {}", g2.token, g1.token);
+    ensure!(
+        at >= written + ttl,
+        CASE,
+        "b took over {:?} after a's write, before ttl {ttl:?}",
+        at - written
+    );
+    ensure!(
+        g2.token > g1.token,
+        CASE,
+        "token {} not above {}",
+        g2.token,
+        g1.token
+    );
     let now = store.read(&key).await.ctx(CASE, "read")?;
     ensure!(
         now.is_some_and(|s| s.record.holder == *b.holder() && s.record.token == g2.token),
@@ -407,15 +441,27 @@ pub async fn release_then_acquire<H: Harness + ?Sized>(h: &H) -> Result<(), Fail
     let mut b = client(h, CASE, &key, "b").await?;
     let g1 = acquire(&mut a, CASE, "a").await?;
     b.try_acquire().await.ctx(CASE, "b observing")?;
-    ensure!(a.release().await.ctx(CASE, "release")?, CASE, "release must succeed");
+    ensure!(
+        a.release().await.ctx(CASE, "release")?,
+        CASE,
+        "release must succeed"
+    );
     let released = store.read(&key).await.ctx(CASE, "read")?;
     ensure!(
-        released.as_ref().is_some_and(|s| !s.record.is_held() && s.record.token == g1.token),
+        released
+            .as_ref()
+            .is_some_and(|s| !s.record.is_held() && s.record.token == g1.token),
         CASE,
         "released record must keep the token and say released: {released:?}"
     );
     let g2 = acquire(&mut b, CASE, "b").await?;
-    ensure!(g2.token > g1.token, CASE, "token {} not above {}", g2.token, g1.token);
+    ensure!(
+        g2.token > g1.token,
+        CASE,
+        "token {} not above {}",
+        g2.token,
+        g1.token
+    );
     Ok(())
 }
 
@@ -460,7 +506,12 @@ pub async fn race<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
             winners.len()
         );
         let (i, g) = winners[0];
-        ensure!(g.token > last, CASE, "round {round}: token {} not above {last}", g.token);
+        ensure!(
+            g.token > last,
+            CASE,
+            "round {round}: token {} not above {last}",
+            g.token
+        );
         last = g.token;
         ensure!(
             clients[i].release().await.ctx(CASE, "release")?,
@@ -493,7 +544,11 @@ pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result
         .fenced_write(&fence_a, &object, b"from a")
         .await
         .ctx(CASE, "a's first fenced write")?;
-    ensure!(a.release().await.ctx(CASE, "release")?, CASE, "release failed");
+    ensure!(
+        a.release().await.ctx(CASE, "release")?,
+        CASE,
+        "release failed"
+    );
     let g2 = acquire(&mut b, CASE, "b").await?;
     let fence_b = Fence {
         key: key.clone(),
@@ -607,19 +662,41 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
         .ctx(CASE, "create")?
     {
         WriteOutcome::Written(s) => s,
-        other => return Err(fail(CASE, format!("create on a fresh key failed: {other:?}"))),
+        other => {
+            return Err(fail(
+                CASE,
+                format!("create on a fresh key failed: {other:?}"),
+            ));
+        }
     };
     let second = match store
-        .write(w(Expected::Revision(first.revision.clone()), 2, WriteKind::Renew)?)
+        .write(w(
+            Expected::Revision(first.revision.clone()),
+            2,
+            WriteKind::Renew,
+        )?)
         .await
         .ctx(CASE, "update")?
     {
         WriteOutcome::Written(s) => s,
-        other => return Err(fail(CASE, format!("update at the current revision failed: {other:?}"))),
+        other => {
+            return Err(fail(
+                CASE,
+                format!("update at the current revision failed: {other:?}"),
+            ));
+        }
     };
-    ensure!(second.revision != first.revision, CASE, "revision did not change");
+    ensure!(
+        second.revision != first.revision,
+        CASE,
+        "revision did not change"
+    );
     let stale = store
-        .write(w(Expected::Revision(first.revision.clone()), 3, WriteKind::Renew)?)
+        .write(w(
+            Expected::Revision(first.revision.clone()),
+            3,
+            WriteKind::Renew,
+        )?)
         .await
         .ctx(CASE, "stale update")?;
     ensure!(
@@ -638,7 +715,8 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
     );
     let now = store.read(&key).await.ctx(CASE, "read")?;
     ensure!(
-        now.as_ref().is_some_and(|s| s.record.token == FencingToken(2)),
+        now.as_ref()
+            .is_some_and(|s| s.record.token == FencingToken(2)),
         CASE,
         "the record must be the last accepted write: {now:?}"
     );
@@ -662,7 +740,11 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
             won += 1;
         }
     }
-    ensure!(won == 1, CASE, "{won} of 8 concurrent creates won; exactly one must");
+    ensure!(
+        won == 1,
+        CASE,
+        "{won} of 8 concurrent creates won; exactly one must"
+    );
     Ok(())
 }
 

@@ -395,7 +395,8 @@ impl ElectorHandle {
                     if let Some(t) = term.as_ref() {
                         // A term past its deadline is over even if the elector's task has
                         // not run yet (a resumed process); wait for it to say so.
-                        let live = !t.cancel.is_cancelled() && Instant::now() < *t.deadline.borrow();
+                        let live =
+                            !t.cancel.is_cancelled() && Instant::now() < *t.deadline.borrow();
                         if t.token == token && live {
                             return Ok(Term {
                                 fence: Fence {
@@ -596,7 +597,7 @@ impl Driver {
             let attempt = if cooling {
                 self.client.observe().await.map(|s| Acquisition::Following {
                     leader: s.and_then(|s| {
-                        s.record.is_held().then(|| ObservedLeader {
+                        s.record.is_held().then_some(ObservedLeader {
                             holder: s.record.holder,
                             token: s.record.token,
                             metadata: s.record.metadata,
@@ -742,7 +743,12 @@ impl Driver {
         }
     }
 
-    fn end_term(&mut self, cancel: &CancellationToken, why: &str, leader: Option<Option<ObservedLeader>>) {
+    fn end_term(
+        &mut self,
+        cancel: &CancellationToken,
+        why: &str,
+        leader: Option<Option<ObservedLeader>>,
+    ) {
         cancel.cancel();
         *self.shared.term() = None;
         self.client.end_term(why);
@@ -763,7 +769,8 @@ impl Driver {
     ) {
         cancel.cancel();
         *self.shared.term() = None;
-        self.shared.publish(Leadership::SteppingDown { token: grant.token });
+        self.shared
+            .publish(Leadership::SteppingDown { token: grant.token });
         if timeout_at(grant.deadline, work_done.recv()).await.is_err() {
             warn!(token = %grant.token, "the term's work did not stop by the deadline; not releasing, the lease will expire");
             self.client.end_term("work outlived the deadline");

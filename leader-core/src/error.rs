@@ -24,7 +24,9 @@ pub enum Error {
         source: Option<BoxError>,
     },
     /// The store did not accept the credentials.
-    #[error("the store rejected the credentials ({message}); check the configured identity and keys")]
+    #[error(
+        "the store rejected the credentials ({message}); check the configured identity and keys"
+    )]
     Unauthenticated {
         /// What the store said.
         message: String,

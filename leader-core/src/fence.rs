@@ -28,7 +28,9 @@ pub struct FenceGate {
 
 /// A token lower than one the resource already admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("stale fencing token {presented}: the resource has admitted token {highest}; the sender is no longer leader")]
+#[error(
+    "stale fencing token {presented}: the resource has admitted token {highest}; the sender is no longer leader"
+)]
 pub struct StaleToken {
     /// The rejected token.
     pub presented: FencingToken,

@@ -89,10 +89,12 @@ impl FileStore {
         T: Send + 'static,
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
-        tokio::task::spawn_blocking(f).await.map_err(|e| Error::Indeterminate {
-            message: "a file operation was cancelled or panicked".to_owned(),
-            source: Some(Box::new(e)),
-        })?
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| Error::Indeterminate {
+                message: "a file operation was cancelled or panicked".to_owned(),
+                source: Some(Box::new(e)),
+            })?
     }
 }
 
@@ -268,7 +270,8 @@ fn decode_object(name: &str, bytes: &[u8]) -> Result<FencedObject, Error> {
         .iter()
         .position(|b| *b == b'\n')
         .ok_or_else(|| malformed("no header line"))?;
-    let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| malformed("header is not UTF-8"))?;
+    let header =
+        std::str::from_utf8(&bytes[..newline]).map_err(|_| malformed("header is not UTF-8"))?;
     let token = header
         .strip_prefix(FENCE_HEADER)
         .and_then(|t| t.parse::<u64>().ok())

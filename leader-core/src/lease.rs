@@ -519,7 +519,9 @@ impl LeaseClient {
     }
 
     async fn read_before(&mut self, deadline: Instant) -> Result<Option<Stored>, Error> {
-        let budget = self.request_timeout().min(deadline.saturating_duration_since(Instant::now()));
+        let budget = self
+            .request_timeout()
+            .min(deadline.saturating_duration_since(Instant::now()));
         match timeout(budget, self.backend.read(&self.key)).await {
             Ok(Ok(found)) => {
                 if let Some(s) = &found {

@@ -80,6 +80,7 @@ pub use file::FileStore;
 pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 pub use memory::MemoryStore;
 pub use model::{
-    FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, LeaseRecord, LeaseState, Metadata, ObjectName,
-    RecordParts, Revision, TermId, WriteNonce, validate_metadata, wall_clock_unix_ms,
+    FencingToken, HolderId, LeaseKey, LeaseRecord, LeaseState, MAX_HOLDER_LEN, MAX_METADATA_BYTES,
+    MAX_NAME_LEN, Metadata, ObjectName, RecordParts, Revision, TermId, WriteNonce,
+    validate_metadata, wall_clock_unix_ms,
 };

@@ -92,15 +92,13 @@ impl LeaseBackend for MemoryStore {
             _ => false,
         };
         if !matches {
-            let current = current
-                .and_then(|(bytes, rev)| Self::decode(key, bytes, rev).ok());
+            let current = current.and_then(|(bytes, rev)| Self::decode(key, bytes, rev).ok());
             return Ok(WriteOutcome::Conflict { current });
         }
         let revision = state.revision();
-        state.leases.insert(
-            key.to_owned(),
-            (request.record.to_json(), revision.clone()),
-        );
+        state
+            .leases
+            .insert(key.to_owned(), (request.record.to_json(), revision.clone()));
         Ok(WriteOutcome::Written(Stored {
             record: request.record,
             revision,
@@ -117,14 +115,14 @@ impl FencedStore for MemoryStore {
         value: &[u8],
     ) -> Result<FencedObject, Error> {
         let mut state = self.lock();
-        if let Some(current) = state.objects.get(object.as_str()) {
-            if current.fence > fence.token {
-                return Err(Error::Fenced {
-                    object: object.to_string(),
-                    presented: fence.token,
-                    highest: Some(current.fence),
-                });
-            }
+        if let Some(current) = state.objects.get(object.as_str())
+            && current.fence > fence.token
+        {
+            return Err(Error::Fenced {
+                object: object.to_string(),
+                presented: fence.token,
+                highest: Some(current.fence),
+            });
         }
         let written = FencedObject {
             fence: fence.token,

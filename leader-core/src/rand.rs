@@ -77,6 +77,9 @@ mod tests {
             b.next_f64();
             assert!((0.0..1.0).contains(&f));
         }
-        assert_ne!(Rng::from_entropy().next_u64(), Rng::from_entropy().next_u64());
+        assert_ne!(
+            Rng::from_entropy().next_u64(),
+            Rng::from_entropy().next_u64()
+        );
     }
 }

@@ -1,4 +1,5 @@
 //! The conformance suite on the file store, in real time with a short ttl.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +29,11 @@ impl Harness for Files {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+        LeaseKey::new(format!(
+            "case-{}",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ))
+        .unwrap()
     }
 
     fn timing(&self) -> Timing {

@@ -1,4 +1,5 @@
 //! The conformance suite on the in-memory store, with paused time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +22,11 @@ impl Harness for Memory {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+        LeaseKey::new(format!(
+            "case-{}",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ))
+        .unwrap()
     }
 
     fn timing(&self) -> Timing {
@@ -97,7 +102,11 @@ impl Harness for Broken {
         Ok(self.store.clone())
     }
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+        LeaseKey::new(format!(
+            "case-{}",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ))
+        .unwrap()
     }
     fn timing(&self) -> Timing {
         Timing::from_ttl(Duration::from_secs(10))

@@ -1,5 +1,6 @@
 //! The deterministic simulation: many seeds, negative controls, determinism, and checkers that
 //! can fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::time::Duration;
 
@@ -46,14 +47,22 @@ fn a_thousand_seeds_keep_every_invariant() {
 #[test]
 fn a_candidate_that_ignores_its_deadline_is_caught() {
     let failed = run_seeds(0, 60, NegativeControl::IgnoreDeadline);
-    assert!(failed.len() >= 30, "only {} of 60 seeds caught it", failed.len());
+    assert!(
+        failed.len() >= 30,
+        "only {} of 60 seeds caught it",
+        failed.len()
+    );
     assert!(failed.iter().any(|(_, v)| v.contains("one_leader")));
 }
 
 #[test]
 fn clock_drift_beyond_the_margin_is_caught() {
     let failed = run_seeds(0, 60, NegativeControl::ExcessiveDrift);
-    assert!(failed.len() >= 15, "only {} of 60 seeds caught it", failed.len());
+    assert!(
+        failed.len() >= 15,
+        "only {} of 60 seeds caught it",
+        failed.len()
+    );
 }
 
 #[test]
@@ -96,7 +105,6 @@ fn canonical(events: &[Event]) -> Vec<String> {
                 | Event::Granted { at, .. }
                 | Event::Revoked { at, .. }
                 | Event::Applied { at, .. } => at,
-                _ => Duration::MAX,
             };
             (at, format!("{e:?}"))
         })
@@ -112,25 +120,64 @@ fn ms(n: u64) -> Duration {
 #[test]
 fn checker_one_leader_flags_overlapping_beliefs() {
     let h = [
-        Event::TermStarted { cand: 0, token: 1, at: ms(0) },
-        Event::TermStarted { cand: 1, token: 2, at: ms(500) },
-        Event::TermEnded { cand: 0, token: 1, at: ms(600) },
-        Event::TermEnded { cand: 1, token: 2, at: ms(900) },
+        Event::TermStarted {
+            cand: 0,
+            token: 1,
+            at: ms(0),
+        },
+        Event::TermStarted {
+            cand: 1,
+            token: 2,
+            at: ms(500),
+        },
+        Event::TermEnded {
+            cand: 0,
+            token: 1,
+            at: ms(600),
+        },
+        Event::TermEnded {
+            cand: 1,
+            token: 2,
+            at: ms(900),
+        },
     ];
     let v = check_one_leader(&h, ms(1000));
     assert_eq!(v.len(), 1, "{v:?}");
     // Back to back is fine.
     let ok = [
-        Event::TermStarted { cand: 0, token: 1, at: ms(0) },
-        Event::TermEnded { cand: 0, token: 1, at: ms(500) },
-        Event::TermStarted { cand: 1, token: 2, at: ms(500) },
+        Event::TermStarted {
+            cand: 0,
+            token: 1,
+            at: ms(0),
+        },
+        Event::TermEnded {
+            cand: 0,
+            token: 1,
+            at: ms(500),
+        },
+        Event::TermStarted {
+            cand: 1,
+            token: 2,
+            at: ms(500),
+        },
     ];
     assert!(check_one_leader(&ok, ms(1000)).is_empty());
     // A crash ends a belief.
     let crash = [
-        Event::TermStarted { cand: 0, token: 1, at: ms(0) },
-        Event::Crashed { cand: 0, at: ms(100) },
-        Event::TermStarted { cand: 1, token: 2, at: ms(200) },
+        Event::TermStarted {
+            cand: 0,
+            token: 1,
+            at: ms(0),
+        },
+        Event::Crashed {
+            cand: 0,
+            at: ms(100),
+        },
+        Event::TermStarted {
+            cand: 1,
+            token: 2,
+            at: ms(200),
+        },
     ];
     assert!(check_one_leader(&crash, ms(1000)).is_empty());
 }
@@ -138,17 +185,39 @@ fn checker_one_leader_flags_overlapping_beliefs() {
 #[test]
 fn checker_tokens_flags_repeats_and_decreases() {
     let h = [
-        Event::TermStarted { cand: 0, token: 5, at: ms(0) },
-        Event::TermStarted { cand: 1, token: 5, at: ms(10) },
-        Event::TermStarted { cand: 2, token: 4, at: ms(20) },
+        Event::TermStarted {
+            cand: 0,
+            token: 5,
+            at: ms(0),
+        },
+        Event::TermStarted {
+            cand: 1,
+            token: 5,
+            at: ms(10),
+        },
+        Event::TermStarted {
+            cand: 2,
+            token: 4,
+            at: ms(20),
+        },
     ];
     assert_eq!(check_tokens(&h).len(), 2);
 }
 
 #[test]
 fn checker_fencing_flags_a_lower_accepted_token() {
-    let w = |cand, token, at, accepted| Event::Write { cand, token, at: ms(at), accepted };
-    let h = [w(0, 2, 0, true), w(1, 3, 10, true), w(0, 2, 20, false), w(0, 2, 30, true)];
+    let w = |cand, token, at, accepted| Event::Write {
+        cand,
+        token,
+        at: ms(at),
+        accepted,
+    };
+    let h = [
+        w(0, 2, 0, true),
+        w(1, 3, 10, true),
+        w(0, 2, 20, false),
+        w(0, 2, 30, true),
+    ];
     let v = check_fencing(&h);
     assert_eq!(v.len(), 1, "{v:?}");
 }
@@ -159,17 +228,44 @@ fn checker_liveness_flags_a_long_gap_only_when_the_store_was_healthy() {
     let base = [
         Event::Started { cand: 0, at: ms(0) },
         Event::Started { cand: 1, at: ms(0) },
-        Event::Granted { cand: 0, token: 1, at: ms(10) },
-        Event::TermStarted { cand: 0, token: 1, at: ms(10) },
-        Event::TermEnded { cand: 0, token: 1, at: ms(10_000) },
-        Event::Revoked { cand: 0, token: 1, at: ms(10_000) },
-        Event::Granted { cand: 1, token: 2, at: ms(20_000) },
-        Event::TermStarted { cand: 1, token: 2, at: ms(20_000) },
+        Event::Granted {
+            cand: 0,
+            token: 1,
+            at: ms(10),
+        },
+        Event::TermStarted {
+            cand: 0,
+            token: 1,
+            at: ms(10),
+        },
+        Event::TermEnded {
+            cand: 0,
+            token: 1,
+            at: ms(10_000),
+        },
+        Event::Revoked {
+            cand: 0,
+            token: 1,
+            at: ms(10_000),
+        },
+        Event::Granted {
+            cand: 1,
+            token: 2,
+            at: ms(20_000),
+        },
+        Event::TermStarted {
+            cand: 1,
+            token: 2,
+            at: ms(20_000),
+        },
     ];
     let (_, v) = check_liveness(&config, &base);
     assert_eq!(v.len(), 1, "{v:?}");
     let mut with_outage = base.to_vec();
-    with_outage.push(Event::Outage { at: ms(9_000), until: ms(19_000) });
+    with_outage.push(Event::Outage {
+        at: ms(9_000),
+        until: ms(19_000),
+    });
     let (_, v) = check_liveness(&config, &with_outage);
     assert!(v.is_empty(), "{v:?}");
 }

@@ -6,12 +6,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::sleep;
 
+use crate::ExpiryModel;
 use crate::backend::{LeaseBackend, Stored, WriteOutcome, WriteRequest};
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
 use crate::model::LeaseKey;
 use crate::rand::Rng;
-use crate::ExpiryModel;
 
 /// Faults to inject, changeable while requests run. Several [`FaultyStore`]s may share one
 /// control (a store-wide outage) besides their own (a partition of one candidate).
@@ -187,12 +187,16 @@ impl<S: LeaseBackend> LeaseBackend for FaultyStore<S> {
             } => {
                 sleep(before).await;
                 if fail {
-                    return Err(Error::unavailable("injected: write failed before the store"));
+                    return Err(Error::unavailable(
+                        "injected: write failed before the store",
+                    ));
                 }
                 let r = self.inner.write(request).await;
                 sleep(after).await;
                 if lose {
-                    return Err(Error::indeterminate("injected: write applied, response lost"));
+                    return Err(Error::indeterminate(
+                        "injected: write applied, response lost",
+                    ));
                 }
                 r
             }

@@ -97,24 +97,72 @@ pub type Cand = usize;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum Event {
-    Started { cand: Cand, at: Duration },
-    TermStarted { cand: Cand, token: u64, at: Duration },
+    Started {
+        cand: Cand,
+        at: Duration,
+    },
+    TermStarted {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+    },
     /// The candidate stopped believing it leads (its deadline, or the cancellation).
-    TermEnded { cand: Cand, token: u64, at: Duration },
-    Write { cand: Cand, token: u64, at: Duration, accepted: bool },
-    Crashed { cand: Cand, at: Duration },
-    Frozen { cand: Cand, at: Duration, until: Duration },
-    Partitioned { cand: Cand, at: Duration, until: Duration },
-    Outage { at: Duration, until: Duration },
-    Storm { at: Duration, until: Duration },
-    Resigned { cand: Cand, at: Duration },
+    TermEnded {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+    },
+    Write {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+        accepted: bool,
+    },
+    Crashed {
+        cand: Cand,
+        at: Duration,
+    },
+    Frozen {
+        cand: Cand,
+        at: Duration,
+        until: Duration,
+    },
+    Partitioned {
+        cand: Cand,
+        at: Duration,
+        until: Duration,
+    },
+    Outage {
+        at: Duration,
+        until: Duration,
+    },
+    Storm {
+        at: Duration,
+        until: Duration,
+    },
+    Resigned {
+        cand: Cand,
+        at: Duration,
+    },
     /// The elector granted a term (seen from outside the process, so even if the process is
     /// frozen before its work starts).
-    Granted { cand: Cand, token: u64, at: Duration },
+    Granted {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+    },
     /// The elector's term ended (seen from outside the process).
-    Revoked { cand: Cand, token: u64, at: Duration },
+    Revoked {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+    },
     /// The store applied a write that begins a term (whether or not its writer heard back).
-    Applied { cand: Cand, token: u64, at: Duration },
+    Applied {
+        cand: Cand,
+        token: u64,
+        at: Duration,
+    },
 }
 
 /// A broken invariant.
@@ -342,7 +390,12 @@ async fn observe(
 
 /// A candidate's work: whenever it leads, write to the protected resource every
 /// `WORK_EVERY`, only while the term allows it.
-async fn work(world: Arc<World>, cand: Cand, handle: ElectorHandle, mut resign: mpsc::Receiver<()>) {
+async fn work(
+    world: Arc<World>,
+    cand: Cand,
+    handle: ElectorHandle,
+    mut resign: mpsc::Receiver<()>,
+) {
     let Ok(object) = ObjectName::new("resource") else {
         return;
     };
@@ -464,7 +517,11 @@ impl Drop for Belief {
         let at = if self.ignore_deadline {
             now
         } else {
-            now.min(self.term.deadline().saturating_duration_since(self.world.start))
+            now.min(
+                self.term
+                    .deadline()
+                    .saturating_duration_since(self.world.start),
+            )
         };
         self.world.log(Event::TermEnded {
             cand: self.cand,
@@ -558,33 +615,36 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
         match pick_action(&mut rng, ttl) {
             Action::FreezeLeader(d) | Action::FreezeAnyone(d) if leader.or(any).is_some() => {
                 let target = leader.or(any).unwrap_or(0);
-                if let Some(r) = running.get(&target) {
-                    if !r.gate.frozen.load(Ordering::SeqCst) {
-                        r.gate.freeze();
-                        world.log(Event::Frozen {
-                            cand: target,
-                            at: now,
-                            until: now + d,
-                        });
-                        let gate = r.gate.clone();
-                        tokio::spawn(async move {
-                            sleep(d).await;
-                            gate.thaw();
-                        });
-                    }
+                if let Some(r) = running.get(&target)
+                    && !r.gate.frozen.load(Ordering::SeqCst)
+                {
+                    r.gate.freeze();
+                    world.log(Event::Frozen {
+                        cand: target,
+                        at: now,
+                        until: now + d,
+                    });
+                    let gate = r.gate.clone();
+                    tokio::spawn(async move {
+                        sleep(d).await;
+                        gate.thaw();
+                    });
                 }
             }
             Action::CrashLeader(restart_after) => {
-                if let Some(target) = leader.or(any) {
-                    if let Some(r) = running.remove(&target) {
-                        r.driver.abort();
-                        r.worker.abort();
-                        let _ = r.driver.await;
-                        let _ = r.worker.await;
-                        let _ = r.observer.await;
-                        world.log(Event::Crashed { cand: target, at: now });
-                        restarts.push(Instant::now() + restart_after);
-                    }
+                if let Some(target) = leader.or(any)
+                    && let Some(r) = running.remove(&target)
+                {
+                    r.driver.abort();
+                    r.worker.abort();
+                    let _ = r.driver.await;
+                    let _ = r.worker.await;
+                    let _ = r.observer.await;
+                    world.log(Event::Crashed {
+                        cand: target,
+                        at: now,
+                    });
+                    restarts.push(Instant::now() + restart_after);
                 }
             }
             Action::PartitionLeader(d, hang) => {
@@ -656,8 +716,8 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
         r.observer.abort();
         let _ = r.observer.await;
     }
-    let events = lock(&world.events).clone();
-    events
+
+    lock(&world.events).clone()
 }
 
 /// One term as a candidate saw it: from the moment it learned it leads to the moment it
@@ -721,7 +781,12 @@ fn leader_spans(events: &[Event], run_end: Duration) -> Vec<Span> {
             // A term that began in the store but whose holder never heard of it (frozen or
             // partitioned as the answer came) failed at once: a zero-length leader interval.
             Event::Applied { cand, token, at } => {
-                out.push(Span { cand, token, start: at, end: at });
+                out.push(Span {
+                    cand,
+                    token,
+                    start: at,
+                    end: at,
+                });
             }
             Event::Granted { cand, token, at } => {
                 open.insert((cand, token), at);
@@ -732,7 +797,12 @@ fn leader_spans(events: &[Event], run_end: Duration) -> Vec<Span> {
                         .iter()
                         .find(|b| b.cand == cand && b.token == token)
                         .map_or(at, |b| b.end);
-                    out.push(Span { cand, token, start, end: end.max(start) });
+                    out.push(Span {
+                        cand,
+                        token,
+                        start,
+                        end: end.max(start),
+                    });
                 }
             }
             _ => {}
@@ -743,7 +813,12 @@ fn leader_spans(events: &[Event], run_end: Duration) -> Vec<Span> {
             .iter()
             .find(|b| b.cand == cand && b.token == token)
             .map_or(run_end, |b| b.end);
-        out.push(Span { cand, token, start, end: end.max(start) });
+        out.push(Span {
+            cand,
+            token,
+            start,
+            end: end.max(start),
+        });
     }
     out.sort_by_key(|s| (s.start, s.end, s.cand));
     out
@@ -811,16 +886,16 @@ pub fn check_fencing(events: &[Event]) -> Vec<Violation> {
             accepted: true,
         } = *e
         {
-            if let Some((h, hc, hat)) = highest {
-                if token < h {
-                    out.push(Violation {
+            if let Some((h, hc, hat)) = highest
+                && token < h
+            {
+                out.push(Violation {
                         checker: "fencing",
                         detail: format!(
                             "resource accepted token {token} from cand {cand} at {at:?} after token {h} from cand {hc} at {hat:?}"
                         ),
                     });
-                    continue;
-                }
+                continue;
             }
             highest = Some((token, cand, at));
         }

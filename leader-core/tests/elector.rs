@@ -1,0 +1,401 @@
+//! The elector under paused time: cadence, deadlines, takeover, handover, errors, config.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leader_core::simulation::{FaultControl, Faults, FaultyStore};
+use leader_core::{
+    ConfigError, Elector, ElectorHandle, Error, ErrorKind, Expected, FencingToken, HolderId,
+    Leadership, LeaseBackend, LeaseKey, LeaseRecord, MemoryStore, Metadata, Stored, WriteKind,
+    WriteNonce, WriteOutcome, WriteRequest,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(15);
+
+fn key() -> LeaseKey {
+    LeaseKey::new("jobs").unwrap()
+}
+
+/// Records when each applied write was sent.
+#[derive(Debug, Default)]
+struct Logged {
+    inner: MemoryStore,
+    writes: Mutex<Vec<(Instant, WriteKind, String)>>,
+}
+
+#[async_trait]
+impl LeaseBackend for Logged {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let entry = (
+            Instant::now(),
+            request.kind,
+            request.record.holder.to_string(),
+        );
+        let outcome = self.inner.write(request).await?;
+        if matches!(outcome, WriteOutcome::Written(_)) {
+            self.writes.lock().unwrap().push(entry);
+        }
+        Ok(outcome)
+    }
+}
+
+impl Logged {
+    fn writes_by(&self, holder: &str) -> Vec<(Instant, WriteKind)> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| w.2 == holder)
+            .map(|w| (w.0, w.1))
+            .collect()
+    }
+}
+
+fn elector(store: Arc<dyn LeaseBackend>, holder: &str) -> Elector {
+    Elector::builder(store, key())
+        .ttl(TTL)
+        .holder_id(HolderId::new(holder).unwrap())
+        .jitter_seed(7)
+        .build()
+        .unwrap()
+}
+
+async fn wait_until(handle: &ElectorHandle, f: impl Fn(&Leadership) -> bool) -> Leadership {
+    let mut rx = handle.leadership();
+    timeout(Duration::from_secs(300), rx.wait_for(|l| f(l)))
+        .await
+        .expect("leadership did not change in time")
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_leader_renews_every_renew_every() {
+    let store = Arc::new(Logged::default());
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    assert_eq!(term.token(), FencingToken(1));
+    sleep(Duration::from_secs(31)).await;
+    let writes = store.writes_by("a");
+    assert_eq!(writes[0].1, WriteKind::Acquire);
+    let renews: Vec<_> = writes[1..].iter().map(|w| w.0 - writes[0].0).collect();
+    assert_eq!(
+        renews,
+        (1..=6)
+            .map(|i| Duration::from_secs(5 * i))
+            .collect::<Vec<_>>()
+    );
+    assert!(writes[1..].iter().all(|w| w.1 == WriteKind::Renew));
+    assert!(term.is_valid());
+    assert_eq!(term.deadline(), writes[6].0 + TTL - Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_leader_steps_down_at_its_deadline_when_the_store_hangs() {
+    let control = FaultControl::new();
+    let store = Arc::new(FaultyStore::new(
+        MemoryStore::new(),
+        1,
+        vec![control.clone()],
+    ));
+    let a = elector(store, "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let start = Instant::now();
+    // The renew at 5 s succeeds; then every request hangs.
+    sleep(Duration::from_secs(6)).await;
+    control.update(|f: &mut Faults| f.hang = true);
+    term.cancelled().await;
+    // Deadline: last successful renew sent at 5 s, + ttl 15 s - margin 3 s.
+    assert_eq!(Instant::now() - start, Duration::from_secs(17));
+    assert!(!term.is_valid());
+    assert!(!a.current().is_leader());
+    // It keeps campaigning (and reports it cannot reach the store) without acting.
+    sleep(Duration::from_secs(30)).await;
+    assert!(!a.current().is_leader());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_takes_over_a_full_ttl_after_the_leaders_last_write() {
+    let store = Arc::new(Logged::default());
+    let (a, a_task) = elector(store.clone(), "a").into_parts();
+    let a_task = tokio::spawn(a_task);
+    let term_a = a.wait_for_term().await.unwrap();
+    let b = elector(store.clone(), "b").spawn();
+    wait_until(&b, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    sleep(Duration::from_secs(7)).await;
+    // The leader's process dies: no release.
+    a_task.abort();
+    let _ = a_task.await;
+    let last_write = store.writes_by("a").last().unwrap().0;
+    let term_b = b.wait_for_term().await.unwrap();
+    let took = Instant::now() - last_write;
+    assert!(took >= TTL, "took over after {took:?}, before a full ttl");
+    // retry_every (3 s) plus nothing else: latency is zero here.
+    assert!(took <= TTL + Duration::from_secs(3), "took {took:?}");
+    assert!(term_b.token() > term_a.token());
+    drop(a);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_release_a_follower_takes_over_within_retry_every() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let term_a = a.wait_for_term().await.unwrap();
+    let b = elector(store.clone(), "b").spawn();
+    wait_until(&b, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    let t_a = term_a.token();
+    drop(term_a);
+    let shutdown_at = Instant::now();
+    a.shutdown().await;
+    let term_b = b.wait_for_term().await.unwrap();
+    let took = Instant::now() - shutdown_at;
+    assert!(took <= Duration::from_secs(3), "handover took {took:?}");
+    assert!(term_b.token() > t_a);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_handle_releases_the_lease() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    drop(a.wait_for_term().await.unwrap());
+    let b = elector(store.clone(), "b").spawn();
+    wait_until(&b, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    let dropped_at = Instant::now();
+    drop(a);
+    b.wait_for_term().await.unwrap();
+    assert!(Instant::now() - dropped_at <= Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_on_renew_ends_the_term_at_once() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let start = Instant::now();
+    sleep(Duration::from_secs(2)).await;
+    // Someone else overwrites the record (an operator, or a buggy peer).
+    let current = store.read(&key()).await.unwrap().unwrap();
+    let intruder = LeaseRecord::held(
+        HolderId::new("intruder").unwrap(),
+        FencingToken(2),
+        TTL,
+        Metadata::new(),
+        WriteNonce(9),
+    );
+    store
+        .write(WriteRequest::new(
+            key(),
+            Expected::Revision(current.revision),
+            intruder,
+            WriteKind::Acquire,
+            leader_core::TermId(1),
+        ))
+        .await
+        .unwrap();
+    term.cancelled().await;
+    // At the renew (5 s), not at the deadline (12 s).
+    assert_eq!(Instant::now() - start, Duration::from_secs(5));
+    match a.current() {
+        Leadership::Follower {
+            leader: Some(leader),
+        } => assert_eq!(leader.holder.as_str(), "intruder"),
+        other => panic!("expected to follow the intruder, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_waits_for_the_work_then_releases() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let mut rx = a.leadership();
+    let shutdown = tokio::spawn(a.shutdown());
+    term.cancelled().await;
+    rx.wait_for(|l| matches!(l, Leadership::SteppingDown { .. }))
+        .await
+        .unwrap();
+    // The work takes one more second to wind down; the lease stays held meanwhile.
+    sleep(Duration::from_secs(1)).await;
+    assert!(store.read(&key()).await.unwrap().unwrap().record.is_held());
+    drop(term);
+    shutdown.await.unwrap();
+    let record = store.read(&key()).await.unwrap().unwrap().record;
+    assert!(!record.is_held(), "released after the work stopped");
+    assert_eq!(record.token, FencingToken(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_does_not_release_if_the_work_outlives_the_deadline() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let deadline = term.deadline();
+    a.shutdown().await;
+    assert!(Instant::now() >= deadline);
+    assert!(!term.is_valid());
+    // The lease is left to expire, so that followers still wait a full ttl.
+    assert!(store.read(&key()).await.unwrap().unwrap().record.is_held());
+    drop(term);
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_hands_over_and_sits_out_one_ttl() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let b = elector(store.clone(), "b").spawn();
+    wait_until(&b, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    drop(term);
+    let at = Instant::now();
+    a.resign().await.unwrap();
+    let term_b = b.wait_for_term().await.unwrap();
+    assert!(Instant::now() - at <= Duration::from_secs(3));
+    assert_eq!(term_b.token(), FencingToken(2));
+    // a follows b and does not campaign back.
+    let l = wait_until(&a, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    assert!(matches!(l, Leadership::Follower { leader: Some(ref x) } if x.holder.as_str() == "b"));
+    // b goes away; a campaigns again.
+    b.shutdown().await;
+    drop(term_b);
+    let term_a = a.wait_for_term().await.unwrap();
+    assert_eq!(term_a.token(), FencingToken(3));
+}
+
+/// Applies the first `n` writes but loses their responses.
+#[derive(Debug, Default)]
+struct LosesResponses {
+    inner: MemoryStore,
+    lose: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseBackend for LosesResponses {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let outcome = self.inner.write(request).await?;
+        if self
+            .lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::indeterminate("test: response lost"));
+        }
+        Ok(outcome)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_whose_response_was_lost_is_recognised_as_our_own() {
+    let store = Arc::new(LosesResponses {
+        lose: AtomicUsize::new(1),
+        ..Default::default()
+    });
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    // The first acquire landed; its response was lost; the re-read recognised it: token 1,
+    // not a second term.
+    assert_eq!(term.token(), FencingToken(1));
+    // Renews with lost responses are recognised too: the term goes on.
+    store.lose.store(3, Ordering::SeqCst);
+    sleep(Duration::from_secs(30)).await;
+    assert!(term.is_valid());
+    assert_eq!(a.current().token(), Some(FencingToken(1)));
+}
+
+/// Rejects every request as unauthenticated.
+#[derive(Debug, Default)]
+struct BadCredentials(AtomicUsize);
+
+#[async_trait]
+impl LeaseBackend for BadCredentials {
+    async fn read(&self, _: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(Error::Unauthenticated {
+            message: "signature mismatch".into(),
+            source: None,
+        })
+    }
+    async fn write(&self, _: WriteRequest) -> Result<WriteOutcome, Error> {
+        unreachable!("nothing is written without a successful read")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_errors_are_published_and_the_campaign_goes_on_with_backoff() {
+    let store = Arc::new(BadCredentials::default());
+    let a = elector(store.clone(), "a").spawn();
+    let l = wait_until(&a, |l| {
+        matches!(l, Leadership::Unknown { problem: Some(_) })
+    })
+    .await;
+    let Leadership::Unknown { problem: Some(p) } = l else {
+        unreachable!()
+    };
+    assert_eq!(p.kind, ErrorKind::Unauthenticated);
+    assert!(p.message.contains("credentials"), "{}", p.message);
+    sleep(Duration::from_secs(60)).await;
+    let reads = store.0.load(Ordering::SeqCst);
+    // Backoff is capped at retry_every (3 s): at least 60 / 3 attempts, and not a hot loop.
+    assert!((20..=80).contains(&reads), "{reads} reads in 60 s");
+}
+
+#[test]
+fn each_timing_rule_has_its_own_error() {
+    let store: Arc<dyn LeaseBackend> = Arc::new(MemoryStore::new());
+    let b = || Elector::builder(store.clone(), key()).ttl(TTL);
+    assert!(b().build().is_ok());
+    assert!(matches!(
+        b().margin(Duration::from_secs(1)).build(),
+        Err(ConfigError::MarginTooSmall { .. })
+    ));
+    assert!(matches!(
+        b().renew_every(Duration::from_secs(11)).build(),
+        Err(ConfigError::NoTimeToRenew { .. })
+    ));
+    assert!(matches!(
+        b().retry_every(Duration::ZERO).build(),
+        Err(ConfigError::ZeroDuration {
+            field: "retry_every"
+        })
+    ));
+    assert!(matches!(
+        b().request_timeout(Duration::from_secs(4)).build(),
+        Err(ConfigError::NoTimeToRenew { .. })
+    ));
+    let mut meta = Metadata::new();
+    meta.insert("bad key".into(), "v".into());
+    assert!(matches!(
+        b().metadata(meta).build(),
+        Err(ConfigError::InvalidMetadata(_))
+    ));
+    // A request timeout of 2 s moves the default margin to 4 s, which still fits.
+    let t = b()
+        .request_timeout(Duration::from_secs(2))
+        .resolved_timing();
+    assert_eq!(t.margin, Duration::from_secs(4));
+    assert!(t.validate().is_ok());
+}
