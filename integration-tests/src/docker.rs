@@ -1,0 +1,102 @@
+//! Starting the emulators as Docker containers (feature `docker`).
+//!
+//! One container per emulator serves all tests of a test binary. The containers are marked
+//! reusable (`ReuseDirective::Always`): testcontainers does not remove them when the process
+//! ends, and the next test binary or run finds and reuses the same container instead of leaking
+//! a new one. Remove them with
+//! `docker rm -f $(docker ps -aq --filter label=org.leader-lease.harness=1)`.
+
+use std::time::Duration;
+
+use testcontainers::core::client::docker_client_instance;
+use testcontainers::core::{IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt, ReuseDirective};
+use tokio::sync::OnceCell;
+
+use crate::{Emulator, images};
+
+const LABEL: &str = "org.leader-lease.harness";
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+
+struct Started {
+    // Kept so the handle lives as long as the process (reusable: never removed on drop).
+    _container: ContainerAsync<GenericImage>,
+    url: String,
+}
+
+static AZURITE: OnceCell<Started> = OnceCell::const_new();
+static LOCALSTACK: OnceCell<Started> = OnceCell::const_new();
+static FAKE_GCS: OnceCell<Started> = OnceCell::const_new();
+
+/// Whether a Docker engine answers a ping.
+pub(crate) async fn engine_answers() -> bool {
+    match docker_client_instance().await {
+        Ok(docker) => docker.ping().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Starts (once per process) or reuses the container of `emulator`; returns its endpoint URL.
+pub(crate) async fn start(emulator: Emulator) -> Result<String, String> {
+    let cell = match emulator {
+        Emulator::Azurite => &AZURITE,
+        Emulator::DynamoDb => &LOCALSTACK,
+        Emulator::Gcs => &FAKE_GCS,
+    };
+    let started = cell
+        .get_or_try_init(|| launch(emulator))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(started.url.clone())
+}
+
+async fn launch(emulator: Emulator) -> Result<Started, testcontainers::TestcontainersError> {
+    let (image, port, path) = match emulator {
+        Emulator::Azurite => (
+            GenericImage::new(images::AZURITE.0, images::AZURITE.1)
+                .with_exposed_port(10000.tcp())
+                .with_wait_for(WaitFor::message_on_stdout("successfully listens"))
+                .with_cmd([
+                    "azurite-blob",
+                    "--blobHost",
+                    "0.0.0.0",
+                    "--blobPort",
+                    "10000",
+                    "--inMemoryPersistence",
+                    "--skipApiVersionCheck",
+                    "--disableTelemetry",
+                ]),
+            10000,
+            "/devstoreaccount1",
+        ),
+        Emulator::DynamoDb => (
+            GenericImage::new(images::LOCALSTACK.0, images::LOCALSTACK.1)
+                .with_exposed_port(4566.tcp())
+                .with_wait_for(WaitFor::message_on_stdout("Ready."))
+                .with_env_var("SERVICES", "dynamodb"),
+            4566,
+            "",
+        ),
+        Emulator::Gcs => (
+            GenericImage::new(images::FAKE_GCS.0, images::FAKE_GCS.1)
+                .with_exposed_port(4443.tcp())
+                .with_wait_for(WaitFor::message_on_stderr("server started at"))
+                .with_cmd(["-scheme", "http", "-port", "4443", "-backend", "memory"]),
+            4443,
+            "",
+        ),
+    };
+    let container = image
+        .with_label(LABEL, "1")
+        .with_startup_timeout(STARTUP_TIMEOUT)
+        .with_reuse(ReuseDirective::Always)
+        .start()
+        .await?;
+    let host = container.get_host().await?;
+    let host_port = container.get_host_port_ipv4(port).await?;
+    Ok(Started {
+        _container: container,
+        url: format!("http://{host}:{host_port}{path}"),
+    })
+}
