@@ -294,6 +294,7 @@ impl LeaseClient {
     /// # Cancel safety
     /// Not cancel-safe: a write may be in flight. If cancelled, a later call still recognises
     /// the write by its nonce.
+    #[tracing::instrument(name = "try_acquire", level = "debug", skip(self), fields(key = %self.key, holder = %self.holder))]
     pub async fn try_acquire(&mut self) -> Result<Acquisition, Error> {
         if let Some(grant) = self.grant() {
             return Ok(Acquisition::Acquired(grant));
@@ -449,6 +450,7 @@ impl LeaseClient {
     ///
     /// # Cancel safety
     /// Not cancel-safe: a write may be in flight; the next call resolves it.
+    #[tracing::instrument(name = "renew", level = "debug", skip(self), fields(key = %self.key, holder = %self.holder))]
     pub async fn renew(&mut self) -> Result<Renewal, Error> {
         let Some(held) = self.held.clone() else {
             return Ok(Renewal::Lost { leader: None });
@@ -591,6 +593,7 @@ impl LeaseClient {
     ///
     /// # Cancel safety
     /// Not cancel-safe: the write may still be applied.
+    #[tracing::instrument(name = "release", level = "debug", skip(self), fields(key = %self.key, holder = %self.holder))]
     pub async fn release(&mut self) -> Result<bool, Error> {
         let Some(held) = self.held.take() else {
             return Ok(false);
