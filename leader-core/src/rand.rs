@@ -35,6 +35,7 @@ impl Rng {
     }
 
     /// Uniform in `[0, 1)`.
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
@@ -55,6 +56,7 @@ impl Rng {
         Duration::from_micros(self.range_u64(lo_us, hi_us))
     }
 
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) fn chance(&mut self, p: f64) -> bool {
         self.next_f64() < p
     }
