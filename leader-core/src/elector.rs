@@ -705,7 +705,9 @@ impl Driver {
                 self.real(self.timing.request_timeout) / 4,
                 self.real(self.timing.renew_every) / 2,
             );
+            let mut attempts = 0u32;
             loop {
+                attempts += 1;
                 let renewal = tokio::select! {
                     biased;
                     _ = sleep_until(grant.deadline) => None,
@@ -721,6 +723,10 @@ impl Driver {
                         return LeadEnd::Over;
                     }
                     Some(Ok(Renewal::Renewed(g))) => {
+                        if attempts > 1 {
+                            let left = grant.deadline.saturating_duration_since(Instant::now());
+                            warn!(%token, attempts, ?left, "renewed late: it took several attempts; this much was left before the deadline");
+                        }
                         grant = g;
                         deadline_tx.send_replace(grant.deadline);
                         self.shared.publish(Leadership::Leader {
