@@ -262,6 +262,11 @@ async fn supervise(
             biased;
             status = child.wait() => {
                 let code = status.map(exit_code).unwrap_or(1);
+                if stopping.is_none() && !term.is_valid() {
+                    // The watchdog stopped the command at the deadline (this process may have
+                    // been frozen past it): leadership was lost, whatever the command's code.
+                    return Ok(Outcome::Lost);
+                }
                 return Ok(stopping.unwrap_or(Outcome::Exited(code)));
             }
             sig = signals.recv(), if stopping.is_none() => {
