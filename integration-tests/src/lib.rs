@@ -19,6 +19,7 @@
 pub mod azure;
 pub mod dynamodb;
 pub mod gcs;
+pub mod proxy;
 
 #[cfg(feature = "docker")]
 mod docker;

@@ -122,7 +122,10 @@ pub enum ExpiryModel {
 /// 5. **Store the record as given** and return it from `read` unchanged, with a revision that
 ///    changes on every applied write and is never reused for another content of the same key
 ///    (so a stale revision cannot match by accident). Revisions are compared only for
-///    equality.
+///    equality. A store that enforces expiry ([`ExpiryModel::EnforcedByStore`]) may report a
+///    record whose server-side lease is not active as [`LeaseState::Released`](crate::LeaseState::Released), with a
+///    revision different from the one it had while the lease was active (so followers and
+///    `status` do not show a dead leader).
 /// 6. **Keep tokens increasing.** The core proposes `previous token + 1` (or 1 for a record it
 ///    has never seen). A store whose record can vanish (an operator deletes a blob) may raise
 ///    the token in [`WriteOutcome::Written`] (never lower it) so that it stays above every

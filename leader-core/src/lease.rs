@@ -481,15 +481,16 @@ impl LeaseClient {
             sent,
             term: held.term,
         });
-        let current = match timeout(budget, self.backend.write(request)).await {
+        // `refused`: the store answered with a conflict, so this write was not applied.
+        let (current, refused) = match timeout(budget, self.backend.write(request)).await {
             Ok(Ok(WriteOutcome::Written(stored))) => {
                 return Ok(self.renewed(held.term, stored, sent));
             }
-            Ok(Ok(WriteOutcome::Conflict { current: Some(c) })) => c,
+            Ok(Ok(WriteOutcome::Conflict { current: Some(c) })) => (c, true),
             Ok(Ok(WriteOutcome::Conflict { current: None })) => {
                 // Our own earlier write with a lost response may be what changed the record.
                 match self.read_before(deadline).await? {
-                    Some(c) => c,
+                    Some(c) => (c, true),
                     None => return Ok(self.lost(None)),
                 }
             }
@@ -500,19 +501,28 @@ impl LeaseClient {
                     return Ok(Renewal::Expired);
                 }
                 match self.read_before(deadline).await? {
-                    Some(c) => c,
+                    Some(c) => (c, false),
                     None => return Ok(self.lost(None)),
                 }
             }
         };
         match self.is_own(&current) {
-            Some(own) if current.revision == held.stored.revision => {
-                let _ = own;
-                Err(Error::indeterminate(format!(
-                    "renew of {} was not applied yet; retrying",
-                    self.key
-                )))
+            // Our previous record, unchanged. After an unknown outcome, the renew was not
+            // applied (yet): try again. After a conflict, the store refused our renew although
+            // the record is unchanged: a store that enforces expiry no longer grants us the
+            // lease (it expired, or an operator broke it). Either way the term cannot go on
+            // from this revision.
+            Some(_) if current.revision == held.stored.revision => {
+                if refused {
+                    Ok(self.lost(None))
+                } else {
+                    Err(Error::indeterminate(format!(
+                        "renew of {} was not applied yet; retrying",
+                        self.key
+                    )))
+                }
             }
+            // An earlier renew of this term whose response was lost: it landed.
             Some(own) if own.term == held.term && current.record.is_held() => {
                 Ok(self.renewed(held.term, current, own.sent))
             }
@@ -671,6 +681,44 @@ mod tests {
             a2.try_acquire().await.unwrap(),
             Acquisition::Following { .. }
         ));
+    }
+
+    /// A store that enforces expiry and has stopped granting our lease (an operator broke
+    /// it): it refuses the renew, and the record is unchanged.
+    #[derive(Debug)]
+    struct Broken(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl LeaseBackend for Broken {
+        fn expiry_model(&self) -> ExpiryModel {
+            ExpiryModel::EnforcedByStore
+        }
+        async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+            self.0.read(key).await
+        }
+        async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+            if request.kind == WriteKind::Renew {
+                return Ok(WriteOutcome::Conflict { current: None });
+            }
+            self.0.write(request).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_renew_on_an_unchanged_record_is_lost_at_once() {
+        let mut a = LeaseClient::new(
+            Arc::new(Broken(MemoryStore::new())),
+            LeaseKey::new("k").unwrap(),
+            HolderId::new("a").unwrap(),
+            Timing::from_ttl(Duration::from_secs(15)),
+        )
+        .unwrap();
+        assert!(matches!(
+            a.try_acquire().await.unwrap(),
+            Acquisition::Acquired(_)
+        ));
+        assert_eq!(a.renew().await.unwrap(), Renewal::Lost { leader: None });
+        assert!(a.grant().is_none());
     }
 
     #[tokio::test(start_paused = true)]
