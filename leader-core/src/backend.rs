@@ -111,6 +111,10 @@ pub enum ExpiryModel {
 ///    matches [`WriteRequest::expected`] at the instant it is applied.
 /// 2. **Report a failed condition as [`WriteOutcome::Conflict`]**, never as an error, and
 ///    only when nothing was written. Include the current record when the store returns it.
+///    (One exception: a store that must create an object before it can write it
+///    conditionally, such as a blob to lease or a generation to match, may leave a
+///    *released* placeholder where the record was absent; a released record is as free as
+///    an absent one.)
 /// 3. **Report an unknown outcome as [`Error::Indeterminate`].** If the write may have been
 ///    applied (a timeout after sending, a lost connection, a 5xx after the body was sent, an
 ///    SDK retry that ended in a conflict), say so. The core then re-reads and recognises its

@@ -1,0 +1,68 @@
+//! Leader election on Azure Blob Storage leases, for the leader-lease suite.
+//!
+//! The workflow: every instance builds an [`AzureLeaseStore`] on the same container, hands it to
+//! a [`leader_core::Elector`] for a lease key, and waits for a term. One blob per key holds
+//! the lease record; instances race to take the blob's lease (15 to 60 s, granted and expired
+//! by the service), and the winner writes the new term's fencing token into the blob with its
+//! lease id before it reports itself leader. The leader renews about every ttl / 3; when it
+//! dies, the service lets the lease expire and the next instance's acquire succeeds; on
+//! shutdown it marks the record released and gives the lease back, so a follower takes over at
+//! once. Tokens keep growing even if an operator deletes the blob (a high-water mark is kept
+//! beside it).
+//!
+//! # On a VM with a managed identity
+//!
+//! Give the VM's identity the *Storage Blob Data Contributor* role on the container, then:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use leader_azure::AzureLeaseStoreBuilder;
+//! use leader_core::{Elector, LeaseKey};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = AzureLeaseStoreBuilder::new()
+//!     .with_account("mystorageaccount")
+//!     .with_container("leases")
+//!     .with_managed_identity(None) // the system-assigned identity
+//!     .build()?;
+//! store.ensure_container().await?; // fail fast if the container is missing
+//!
+//! let elector = Elector::builder(Arc::new(store), LeaseKey::new("scheduler")?)
+//!     .ttl(Duration::from_secs(15)) // Azure leases last 15 to 60 s
+//!     .build()?;
+//! let handle = elector.spawn();
+//!
+//! let term = handle.wait_for_term().await?;
+//! // Pass the token to whatever the leader writes, so that a deposed leader is rejected.
+//! let token = term.token();
+//! # let _ = token;
+//! term.cancelled().await; // leadership lost: stop the work
+//! drop(term);
+//! handle.shutdown().await; // release the lease on the way out
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`AzureLeaseStoreBuilder::from_env`] reads `AZURE_STORAGE_*` variables instead (a connection
+//! string, an account key or SAS, or else workload / managed identity), and
+//! [`AzureLeaseStoreBuilder::emulator`] points at Azurite.
+//!
+//! # Guarantees and limits
+//! - Every call is bounded by the store's request timeout (default 1.5 s), and the SDK does
+//!   not retry: the lease logic in `leader-core` decides what to retry. A write whose answer
+//!   is lost is reported as indeterminate and resolved by re-reading.
+//! - Lease durations other than 15 to 60 whole seconds are rejected when the elector is
+//!   built ([`leader_core::LeaseBackend::check_timing`]).
+//! - Fenced writes to other blobs ([`leader_core::FencedStore`]) keep the writer's token in
+//!   the blob's metadata and write with `If-Match`, so a lower token never overwrites a higher
+//!   one.
+
+mod auth;
+mod builder;
+mod client;
+mod error;
+
+pub use azure_identity::UserAssignedId;
+pub use builder::{AzureLeaseStoreBuilder, EMULATOR_ACCOUNT, EMULATOR_ENDPOINT, EMULATOR_KEY};
+pub use client::{AzureLeaseStore, MAX_LEASE_SECS, MIN_LEASE_SECS};

@@ -1,0 +1,431 @@
+//! The conformance suite and the Azure-specific cases, against Azurite, in real time.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)] // test code
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use azure_storage_blob::models::BlobClientBreakLeaseOptions;
+use integration_tests::{Emulator, require, unique_name};
+use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
+use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::{
+    Acquisition, ConfigError, Error, ErrorKind, Expected, FencingToken, HolderId, LeaseBackend,
+    LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, TermId, Timing, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
+};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(15);
+
+struct Azurite {
+    endpoint: String,
+    container: String,
+    next: AtomicU64,
+}
+
+async fn endpoint() -> String {
+    require(Emulator::Azurite)
+        .await
+        .expect("Azurite is needed (LEADER_ALLOW_SKIP is not supported by these tests)")
+        .url
+}
+
+async fn azurite() -> Azurite {
+    Azurite {
+        endpoint: endpoint().await,
+        container: unique_name("lease-az"),
+        next: AtomicU64::new(0),
+    }
+}
+
+impl Azurite {
+    fn builder(&self) -> AzureLeaseStoreBuilder {
+        AzureLeaseStoreBuilder::emulator(&self.endpoint)
+            .with_container(&self.container)
+            .with_create_container_if_missing(true)
+    }
+
+    async fn azure(&self) -> AzureLeaseStore {
+        let store = self.builder().build().unwrap();
+        store.ensure_container().await.unwrap();
+        store
+    }
+}
+
+#[async_trait]
+impl Harness for Azurite {
+    async fn store(&self) -> Result<Arc<dyn ConformantStore>, Error> {
+        // A new store per call: separate clients, shared only through Azurite.
+        Ok(Arc::new(self.azure().await))
+    }
+
+    fn unique_key(&self) -> LeaseKey {
+        LeaseKey::new(format!(
+            "case-{}",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ))
+        .unwrap()
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::from_ttl(TTL)
+    }
+
+    async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error> {
+        let store = self.azure().await;
+        let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+        blob.upload(
+            azure_core::Bytes::from_static(b"\x00\x01 not json").into(),
+            None,
+        )
+        .await
+        .unwrap();
+        Ok(())
+    }
+}
+
+leader_core::conformance_tests!(azurite().await);
+
+fn client(store: &AzureLeaseStore, key: &LeaseKey, who: &str) -> LeaseClient {
+    LeaseClient::new(
+        Arc::new(store.clone()),
+        key.clone(),
+        HolderId::new(who).unwrap(),
+        Timing::from_ttl(TTL),
+    )
+    .unwrap()
+}
+
+async fn acquired(c: &mut LeaseClient) -> FencingToken {
+    match c.try_acquire().await.unwrap() {
+        Acquisition::Acquired(g) => g.token,
+        other => panic!("{} should have acquired: {other:?}", c.holder()),
+    }
+}
+
+async fn break_lease(store: &AzureLeaseStore, key: &LeaseKey) {
+    let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+    let options = BlobClientBreakLeaseOptions {
+        break_period: Some(0),
+        ..Default::default()
+    };
+    blob.break_lease(Some(options)).await.unwrap();
+}
+
+fn raw_record(holder: &str, token: u64, nonce: u64) -> LeaseRecord {
+    LeaseRecord::held(
+        HolderId::new(holder).unwrap(),
+        FencingToken(token),
+        TTL,
+        Metadata::new(),
+        WriteNonce(nonce),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lease_ends_the_term_and_the_next_token_is_higher() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let mut a = client(&store, &key, "a");
+    let mut b = client(&store, &key, "b");
+    let t1 = acquired(&mut a).await;
+    assert!(matches!(
+        b.try_acquire().await.unwrap(),
+        Acquisition::Following {
+            leader: Some(_),
+            ..
+        }
+    ));
+    break_lease(&store, &key).await;
+    match a.renew().await.unwrap() {
+        Renewal::Lost { .. } => {}
+        other => panic!("a renew after an operator broke the lease must be lost: {other:?}"),
+    }
+    let t2 = acquired(&mut b).await;
+    assert!(t2 > t1, "{t2} must be above {t1}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_blob_is_recreated_with_a_higher_token() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let mut a = client(&store, &key, "a");
+    let t1 = acquired(&mut a).await;
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+    // An operator removes the lease blob (breaking the lease first, as Azure requires).
+    break_lease(&store, &key).await;
+    store
+        .blob_client(&AzureLeaseStore::lease_blob_name(&key))
+        .delete(None)
+        .await
+        .unwrap();
+    assert!(store.read(&key).await.unwrap().is_none());
+    match a.renew().await.unwrap() {
+        Renewal::Lost { .. } => {}
+        other => panic!("renew of a deleted blob must be lost: {other:?}"),
+    }
+    // A fresh process knows nothing of the old token; the store still raises it.
+    let mut c = client(&store, &key, "c");
+    let t2 = acquired(&mut c).await;
+    assert!(t2 > t1, "token after recreation {t2} must be above {t1}");
+    let stored = store.read(&key).await.unwrap().unwrap();
+    assert_eq!(stored.record.token, t2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_renewed_after_another_acquired_is_lost() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let old = TermId(0xa11ce);
+    let first = match store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            raw_record("old", 1, 1),
+            WriteKind::Acquire,
+            old,
+        ))
+        .await
+        .unwrap()
+    {
+        WriteOutcome::Written(s) => s,
+        other => panic!("create failed: {other:?}"),
+    };
+    let started = Instant::now();
+    // Another instance polls until the service lets the lease expire.
+    let mut attempts = 0;
+    let second = loop {
+        attempts += 1;
+        let outcome = store
+            .write(WriteRequest::new(
+                key.clone(),
+                Expected::Revision(first.revision.clone()),
+                raw_record("new", 2, 2),
+                WriteKind::Acquire,
+                TermId(0xb0b),
+            ))
+            .await
+            .unwrap();
+        match outcome {
+            WriteOutcome::Written(s) => break s,
+            WriteOutcome::Conflict { .. } => {
+                assert!(started.elapsed() < TTL * 2, "no takeover within 2 x ttl");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    let waited = started.elapsed();
+    eprintln!("MEASURED: takeover after {waited:?} ({attempts} acquire attempts), ttl {TTL:?}");
+    assert!(waited >= TTL - Duration::from_millis(500), "{waited:?}");
+    // The old holder renews with its lease id, even with the current revision: lost.
+    let stale = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(second.revision.clone()),
+            raw_record("old", 1, 3),
+            WriteKind::Renew,
+            old,
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(stale, WriteOutcome::Conflict { .. }), "{stale:?}");
+    assert_eq!(store.read(&key).await.unwrap(), Some(second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_key_is_a_clear_authentication_error() {
+    let h = azurite().await;
+    h.azure().await; // the container exists
+    let wrong = AzureLeaseStoreBuilder::emulator(&h.endpoint)
+        .with_container(&h.container)
+        .with_access_key("d3Jvbmcga2V5IGZvciB0aGUgZW11bGF0b3I=")
+        .build()
+        .unwrap();
+    let err = wrong.read(&h.unique_key()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthenticated, "{err}");
+    assert!(err.to_string().contains("credentials"), "{err}");
+    assert!(
+        !format!("{wrong:?}").contains("d3Jvbmc"),
+        "the key must not be shown"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_container_is_named_and_created_only_on_request() {
+    let endpoint = endpoint().await;
+    let container = unique_name("missing");
+    let store = AzureLeaseStoreBuilder::emulator(&endpoint)
+        .with_container(&container)
+        .build()
+        .unwrap();
+    let err = store.ensure_container().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(&container), "{err}");
+    let err = store.read(&LeaseKey::new("k").unwrap()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let creating = AzureLeaseStoreBuilder::emulator(&endpoint)
+        .with_container(&container)
+        .with_create_container_if_missing(true)
+        .build()
+        .unwrap();
+    creating.ensure_container().await.unwrap();
+    creating.ensure_container().await.unwrap();
+    assert!(
+        store
+            .read(&LeaseKey::new("k").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn timing_the_service_cannot_honour_is_rejected() {
+    let store = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+        .with_container("leases")
+        .build()
+        .unwrap();
+    let key = LeaseKey::new("k").unwrap();
+    for ttl in [Duration::from_secs(10), Duration::from_secs(90)] {
+        let err = LeaseClient::new(
+            Arc::new(store.clone()),
+            key.clone(),
+            HolderId::new("a").unwrap(),
+            Timing::from_ttl(ttl),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::Unsupported { .. }), "{err}");
+    }
+    let slow = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+        .with_container("leases")
+        .with_request_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let err = LeaseClient::new(
+        Arc::new(slow),
+        key,
+        HolderId::new("a").unwrap(),
+        Timing::from_ttl(TTL),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("request timeout"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_an_answer_is_indeterminate_within_the_request_timeout() {
+    // A server that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let limit = Duration::from_millis(400);
+    let store =
+        AzureLeaseStoreBuilder::emulator(format!("http://127.0.0.1:{port}/devstoreaccount1"))
+            .with_container("leases")
+            .with_request_timeout(limit)
+            .build()
+            .unwrap();
+    let key = LeaseKey::new("k").unwrap();
+    let started = Instant::now();
+    let err = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            raw_record("a", 1, 1),
+            WriteKind::Acquire,
+            TermId(1),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    let err = store.read(&key).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        started.elapsed() < limit * 3,
+        "two calls took {:?}",
+        started.elapsed()
+    );
+    hold.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_objects_keep_the_highest_token_even_for_empty_values() {
+    use leader_core::{Fence, FencedStore, ObjectName};
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-obj")).unwrap();
+    let fence = |token| Fence {
+        key: key.clone(),
+        holder: HolderId::new("w").unwrap(),
+        token: FencingToken(token),
+    };
+    assert!(store.fenced_read(&object).await.unwrap().is_none());
+    let first = store.fenced_write(&fence(3), &object, b"").await.unwrap();
+    assert_eq!(first.fence, FencingToken(3));
+    let read = store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value.as_slice()),
+        (FencingToken(3), &b""[..])
+    );
+    // The same token may write again; a lower one may not.
+    store
+        .fenced_write(&fence(3), &object, b"again")
+        .await
+        .unwrap();
+    match store.fenced_write(&fence(2), &object, b"stale").await {
+        Err(Error::Fenced {
+            presented, highest, ..
+        }) => {
+            assert_eq!(presented, FencingToken(2));
+            assert_eq!(highest, Some(FencingToken(3)));
+        }
+        other => panic!("a lower token must be fenced off: {other:?}"),
+    }
+    let read = store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!(read.value, b"again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_env_reaches_the_emulator_and_measures_round_trips() {
+    if std::env::var("AZURE_STORAGE_CONNECTION_STRING").is_err() {
+        eprintln!("SKIPPED: AZURE_STORAGE_CONNECTION_STRING is not set");
+        return;
+    }
+    let h = azurite().await;
+    h.azure().await; // the container exists
+    let store = AzureLeaseStoreBuilder::from_env()
+        .unwrap()
+        .with_container(&h.container)
+        .build()
+        .unwrap();
+    let key = h.unique_key();
+    assert!(store.read(&key).await.unwrap().is_none());
+    let mut a = client(&store, &key, "a");
+    let started = Instant::now();
+    acquired(&mut a).await;
+    let acquire = started.elapsed();
+    let started = Instant::now();
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+    let renew = started.elapsed();
+    let started = Instant::now();
+    assert!(a.release().await.unwrap());
+    let release = started.elapsed();
+    eprintln!(
+        "MEASURED: against Azurite, acquire of a new key {acquire:?}, renew {renew:?}, release {release:?}"
+    );
+}

@@ -1,0 +1,245 @@
+//! Configuration of a [`DynamoStore`]: the client, the table, the request timeout.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use leader_core::{Error, Timing};
+
+use crate::client::{Backoff, DynamoStore};
+use crate::error::Context;
+
+/// Builds a [`DynamoStore`]: `new()` or [`from_env`](DynamoBuilder::from_env), typed `with_*`
+/// setters, then [`build`](DynamoBuilder::build), which validates the settings and checks the
+/// table.
+#[derive(Clone, Debug)]
+pub struct DynamoBuilder {
+    client: Option<Client>,
+    table: Option<String>,
+    partition_key: String,
+    request_timeout: Duration,
+    create_table_if_missing: bool,
+    table_wait: Duration,
+}
+
+impl Default for DynamoBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DynamoBuilder {
+    /// The partition key attribute used unless [`with_partition_key`](Self::with_partition_key)
+    /// says otherwise (a string attribute).
+    pub const DEFAULT_PARTITION_KEY: &'static str = "pk";
+    /// The environment variable [`from_env`](Self::from_env) reads the table name from.
+    pub const TABLE_ENV: &'static str = "LEADER_DYNAMODB_TABLE";
+
+    /// An empty builder: set a client and a table.
+    ///
+    /// The request timeout defaults to the core's default
+    /// ([`Timing::default`]`().request_timeout`, 1.5 s); set it to at most the elector's.
+    pub fn new() -> Self {
+        Self {
+            client: None,
+            table: None,
+            partition_key: Self::DEFAULT_PARTITION_KEY.to_owned(),
+            request_timeout: Timing::default().request_timeout,
+            create_table_if_missing: false,
+            table_wait: Duration::from_secs(60),
+        }
+    }
+
+    /// Uses this SDK client (its credentials, region, endpoint and HTTP client). Its retry and
+    /// timeout settings are overridden per call: see
+    /// [`with_request_timeout`](Self::with_request_timeout).
+    pub fn with_client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// The table that holds the lease items (required).
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
+        self.table = Some(table.into());
+        self
+    }
+
+    /// The name of the table's partition key attribute (a string; default `pk`).
+    pub fn with_partition_key(mut self, name: impl Into<String>) -> Self {
+        self.partition_key = name.into();
+        self
+    }
+
+    /// The limit on every call, retries and backoff included. Use at most the elector's
+    /// request timeout ([`LeaseBackend::check_timing`](leader_core::LeaseBackend::check_timing)
+    /// rejects a larger one).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Creates the table (on-demand billing, string partition key) in
+    /// [`build`](Self::build) if it does not exist. Off by default: a missing table is then
+    /// an [`Error::NotFound`].
+    pub fn with_create_table_if_missing(mut self, create: bool) -> Self {
+        self.create_table_if_missing = create;
+        self
+    }
+
+    /// How long [`build`](Self::build) waits for a table it created to become active
+    /// (default 60 s).
+    pub fn with_table_wait(mut self, wait: Duration) -> Self {
+        self.table_wait = wait;
+        self
+    }
+
+    /// Talks to a local emulator (moto, LocalStack, DynamoDB Local) at `endpoint_url` over plain
+    /// HTTP, with the dummy credentials `test`/`test` and region `us-east-1`.
+    pub fn with_emulator(self, endpoint_url: &str) -> Self {
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(endpoint_url)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new(
+                "test",
+                "test",
+                None,
+                None,
+                "leader-dynamo-emulator",
+            ))
+            .http_client(aws_smithy_http_client::Builder::new().build_http())
+            .build();
+        self.with_client(Client::from_conf(config))
+    }
+
+    /// A builder with a client from the default AWS configuration chain (`aws-config`):
+    /// environment, shared config and SSO-less profiles, web identity (EKS), ECS task roles and
+    /// the EC2 instance profile (IMDSv2), with an HTTPS client on rustls (ring).
+    /// `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_DYNAMODB`) points it at an emulator. The table
+    /// name is read from `LEADER_DYNAMODB_TABLE` if set.
+    ///
+    /// Needs the `from-env` feature (on by default).
+    ///
+    /// # Errors
+    /// Infallible: credentials are resolved on the first call, whose failure is then an
+    /// [`Error::Unauthenticated`] or [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads configuration.
+    #[cfg(feature = "from-env")]
+    pub async fn from_env() -> Self {
+        use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let config = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .load()
+            .await;
+        let mut builder = Self::new().with_client(Client::new(&config));
+        if let Some(table) = std::env::var(Self::TABLE_ENV)
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            builder = builder.with_table(table);
+        }
+        builder
+    }
+
+    fn validate(&self) -> Result<(Client, String), Error> {
+        let invalid = |message: String| Error::InvalidConfig {
+            message,
+            source: None,
+        };
+        let Some(table) = self.table.clone() else {
+            return Err(invalid(format!(
+                "no DynamoDB table is configured; call with_table or set {}",
+                Self::TABLE_ENV
+            )));
+        };
+        if !(3..=255).contains(&table.len())
+            || !table
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            return Err(invalid(format!(
+                "{table:?} is not a valid DynamoDB table name (3 to 255 of a-z, A-Z, 0-9, '_', \
+                 '-', '.')"
+            )));
+        }
+        if self.partition_key.is_empty() || self.partition_key.len() > 255 {
+            return Err(invalid(format!(
+                "partition key name {:?} must be 1 to 255 bytes",
+                self.partition_key
+            )));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(invalid("the request timeout must be positive".to_owned()));
+        }
+        let Some(client) = self.client.clone() else {
+            return Err(invalid(
+                "no DynamoDB client is configured; call with_client, with_emulator or from_env"
+                    .to_owned(),
+            ));
+        };
+        Ok((client, table))
+    }
+
+    /// Validates the settings, checks that the table exists with a single string partition key
+    /// of the configured name (creating it if opted in), and returns the store.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a missing client or table name, a bad name or timeout, or a
+    /// table with another key schema; [`Error::NotFound`] if the table does not exist (and
+    /// creating it was not asked for); any other [`Error`] of the `DescribeTable` call.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, except that a `CreateTable` in flight may still complete.
+    pub async fn build(self) -> Result<DynamoStore, Error> {
+        let (client, table) = self.validate()?;
+        let store = DynamoStore {
+            client,
+            partition_key: self.partition_key,
+            ctx: Context {
+                table,
+                request_timeout: self.request_timeout,
+            },
+            backoff: Backoff::DEFAULT,
+        };
+        store
+            .ensure_table(self.create_table_if_missing, self.table_wait)
+            .await?;
+        Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use leader_core::ErrorKind;
+
+    fn err(b: DynamoBuilder) -> String {
+        let e = b.validate().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        e.to_string()
+    }
+
+    #[test]
+    fn build_validates_before_calling() {
+        let emu = || DynamoBuilder::new().with_emulator("http://127.0.0.1:1");
+        assert!(err(emu()).contains("with_table"));
+        assert!(err(emu().with_table("a b")).contains("not a valid"));
+        assert!(err(emu().with_table("ab")).contains("not a valid"));
+        assert!(err(emu().with_table("leases").with_partition_key("")).contains("partition key"));
+        assert!(
+            err(emu()
+                .with_table("leases")
+                .with_request_timeout(Duration::ZERO))
+            .contains("timeout")
+        );
+        assert!(err(DynamoBuilder::new().with_table("leases")).contains("with_client"));
+        assert!(emu().with_table("leases").validate().is_ok());
+    }
+}

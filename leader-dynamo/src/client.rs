@@ -1,0 +1,915 @@
+//! The calls to DynamoDB: consistent reads, conditional `UpdateItem`s, fenced transactions.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
+    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+    TransactWriteItem, Update,
+};
+use leader_core::{
+    ConfigError, Error, ErrorKind, Expected, Fence, FencedObject, FencedStore, FencingToken,
+    HolderId, LeaseBackend, LeaseKey, LeaseRecord, LeaseState, Metadata, ObjectName, RecordParts,
+    Revision, Stored, Timing, WriteNonce, WriteOutcome, WriteRequest,
+};
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::error::{Context, DynamoError, Op, Reason, map_cancelled, map_sdk};
+
+/// Prefix of the partition key of a lease item: `lease#<key>`.
+pub const LEASE_PREFIX: &str = "lease#";
+/// Prefix of the partition key of a protected object: `fenced#<name>`.
+pub const OBJECT_PREFIX: &str = "fenced#";
+
+/// The attribute names of the items (always used through `#name` placeholders).
+pub(crate) mod attr {
+    pub(crate) const HOLDER: &str = "holder";
+    pub(crate) const REV: &str = "rev";
+    pub(crate) const TOKEN: &str = "token";
+    pub(crate) const TTL_MS: &str = "ttl_ms";
+    pub(crate) const STATE: &str = "state";
+    pub(crate) const META: &str = "meta";
+    pub(crate) const NONCE: &str = "nonce";
+    pub(crate) const STARTED: &str = "term_started_unix_ms";
+    pub(crate) const WRITTEN: &str = "written_unix_ms";
+    pub(crate) const FENCE: &str = "fence";
+    pub(crate) const VALUE: &str = "value";
+    pub(crate) const OBJECT_REV: &str = "object_rev";
+}
+
+const HELD: &str = "held";
+const RELEASED: &str = "released";
+
+/// Capped, jittered backoff between the attempts of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    pub(crate) first: Duration,
+    pub(crate) max: Duration,
+}
+
+impl Backoff {
+    pub(crate) const DEFAULT: Backoff = Backoff {
+        first: Duration::from_millis(20),
+        max: Duration::from_millis(250),
+    };
+}
+
+/// A random `u64` without a dependency: `RandomState` is seeded randomly per process.
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Whether an error of `op` may be retried within the same call. A write is retried only
+/// when DynamoDB said it did not apply it (throttling); anything ambiguous goes back to the
+/// core, which re-reads.
+fn retry_within_call(op: Op, error: &Error) -> bool {
+    match op {
+        Op::Write | Op::FencedWrite => error.kind() == ErrorKind::Throttled,
+        Op::Read | Op::Table => {
+            matches!(error.kind(), ErrorKind::Throttled | ErrorKind::Unavailable)
+        }
+    }
+}
+
+/// Runs `attempt` (given the time left) until it succeeds, fails for good, or the next attempt
+/// would not fit in `budget`. The SDK's own retries are off, so this is the only retry loop.
+pub(crate) async fn with_retries<T, F, Fut>(
+    op: Op,
+    budget: Duration,
+    backoff: Backoff,
+    mut attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let deadline = Instant::now() + budget;
+    // An attempt with less time than this is not worth starting.
+    let least = budget / 4;
+    let mut delay = backoff.first;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let error = match attempt(remaining).await {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
+        };
+        // Full jitter over the upper half of the delay.
+        let half = delay / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let pause = half + Duration::from_nanos(random_u64() % nanos);
+        let resume = Instant::now() + pause;
+        if !retry_within_call(op, &error) || resume + least >= deadline {
+            return Err(error);
+        }
+        debug!(error = %error, ?pause, "retrying within the request budget");
+        tokio::time::sleep_until(resume).await;
+        delay = (delay * 2).min(backoff.max);
+    }
+}
+
+/// A DynamoDB table of lease items and fenced objects. Build it with
+/// [`DynamoBuilder`](crate::DynamoBuilder).
+///
+/// Each lease key is one item whose partition key is `lease#<key>`; each protected object is
+/// one item whose partition key is `fenced#<name>`. See the crate docs for the attributes.
+#[derive(Clone)]
+pub struct DynamoStore {
+    pub(crate) client: Client,
+    pub(crate) partition_key: String,
+    pub(crate) ctx: Context,
+    pub(crate) backoff: Backoff,
+}
+
+impl fmt::Debug for DynamoStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client's configuration is left out on purpose: it holds the credentials provider.
+        f.debug_struct("DynamoStore")
+            .field("table", &self.ctx.table)
+            .field("partition_key", &self.partition_key)
+            .field("request_timeout", &self.ctx.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(p, n)| ((*p).to_owned(), (*n).to_owned()))
+        .collect()
+}
+
+fn num(n: u64) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn revision_of(rev: u64, nonce: WriteNonce) -> Revision {
+    Revision::new(format!("{rev}.{nonce}"))
+}
+
+fn parse_revision(revision: &Revision) -> Option<(u64, String)> {
+    let (rev, nonce) = revision.as_str().split_once('.')?;
+    Some((rev.parse().ok()?, nonce.to_owned()))
+}
+
+fn parse_nonce(s: &str) -> Option<WriteNonce> {
+    (s.len() == 16)
+        .then(|| u64::from_str_radix(s, 16).ok())
+        .flatten()
+        .map(WriteNonce)
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+struct Fields<'a> {
+    item: &'a Item,
+    name: &'a str,
+}
+
+impl Fields<'_> {
+    fn bad(&self, detail: String) -> Error {
+        Error::MalformedRecord {
+            key: self.name.to_owned(),
+            detail,
+        }
+    }
+
+    fn string(&self, attr: &str) -> Result<&str, Error> {
+        match self.item.get(attr) {
+            Some(AttributeValue::S(s)) => Ok(s),
+            Some(other) => Err(self.bad(format!("attribute {attr:?} is not a string: {other:?}"))),
+            None => Err(self.bad(format!("attribute {attr:?} is missing"))),
+        }
+    }
+
+    fn number(&self, attr: &str) -> Result<u64, Error> {
+        match self.item.get(attr) {
+            Some(AttributeValue::N(n)) => n.parse().map_err(|_| {
+                self.bad(format!(
+                    "attribute {attr:?} is not a non-negative integer: {n}"
+                ))
+            }),
+            Some(other) => Err(self.bad(format!("attribute {attr:?} is not a number: {other:?}"))),
+            None => Err(self.bad(format!("attribute {attr:?} is missing"))),
+        }
+    }
+
+    fn number_or_zero(&self, attr: &str) -> Result<u64, Error> {
+        if self.item.contains_key(attr) {
+            self.number(attr)
+        } else {
+            Ok(0)
+        }
+    }
+}
+
+/// Parses a lease item into the core's record, naming `key` in any error.
+pub(crate) fn parse_lease(key: &str, item: &Item) -> Result<Stored, Error> {
+    let f = Fields { item, name: key };
+    let holder = HolderId::new(f.string(attr::HOLDER)?).map_err(|e| f.bad(e.to_string()))?;
+    let state = match f.string(attr::STATE)? {
+        HELD => LeaseState::Held,
+        RELEASED => LeaseState::Released,
+        other => return Err(f.bad(format!("state {other:?} is neither held nor released"))),
+    };
+    let nonce_text = f.string(attr::NONCE)?;
+    let nonce = parse_nonce(nonce_text)
+        .ok_or_else(|| f.bad(format!("nonce {nonce_text:?} is not 16 hex digits")))?;
+    let mut metadata = Metadata::new();
+    match item.get(attr::META) {
+        None => {}
+        Some(AttributeValue::M(m)) => {
+            for (k, v) in m {
+                let AttributeValue::S(v) = v else {
+                    return Err(f.bad(format!("metadata {k:?} is not a string")));
+                };
+                metadata.insert(k.clone(), v.clone());
+            }
+        }
+        Some(other) => return Err(f.bad(format!("metadata is not a map: {other:?}"))),
+    }
+    let rev = f.number(attr::REV)?;
+    let record = LeaseRecord::from_parts(
+        key,
+        RecordParts {
+            holder,
+            token: f.number(attr::TOKEN)?,
+            ttl_ms: f.number(attr::TTL_MS)?,
+            state,
+            metadata,
+            nonce,
+            term_started_unix_ms: f.number_or_zero(attr::STARTED)?,
+            written_unix_ms: f.number_or_zero(attr::WRITTEN)?,
+        },
+    )?;
+    Ok(Stored {
+        record,
+        revision: revision_of(rev, nonce),
+    })
+}
+
+/// Parses a protected object, naming `object` in any error.
+pub(crate) fn parse_object(object: &str, item: &Item) -> Result<FencedObject, Error> {
+    let f = Fields { item, name: object };
+    let value = match item.get(attr::VALUE) {
+        Some(AttributeValue::B(b)) => b.as_ref().to_vec(),
+        None => Vec::new(),
+        Some(other) => return Err(f.bad(format!("value is not binary: {other:?}"))),
+    };
+    Ok(FencedObject {
+        fence: FencingToken(f.number(attr::FENCE)?),
+        value,
+        revision: Revision::new(f.string(attr::OBJECT_REV)?),
+    })
+}
+
+impl DynamoStore {
+    /// The table this store uses.
+    pub fn table(&self) -> &str {
+        &self.ctx.table
+    }
+
+    /// The name of the table's partition key attribute.
+    pub fn partition_key(&self) -> &str {
+        &self.partition_key
+    }
+
+    /// The limit on each call, retries included.
+    pub fn request_timeout(&self) -> Duration {
+        self.ctx.request_timeout
+    }
+
+    /// The SDK settings of one attempt: no SDK retries, and nothing outlives `remaining`.
+    fn attempt_config(remaining: Duration) -> aws_sdk_dynamodb::config::Builder {
+        let remaining = remaining.max(Duration::from_millis(1));
+        aws_sdk_dynamodb::config::Builder::default()
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_timeout(remaining)
+                    .operation_attempt_timeout(remaining)
+                    .connect_timeout(remaining)
+                    .read_timeout(remaining)
+                    .build(),
+            )
+    }
+
+    fn pk(&self, prefix: &str, name: &str) -> (String, AttributeValue) {
+        (
+            self.partition_key.clone(),
+            AttributeValue::S(format!("{prefix}{name}")),
+        )
+    }
+
+    async fn get(&self, pk: (String, AttributeValue)) -> Result<Option<Item>, Error> {
+        with_retries(Op::Read, self.ctx.request_timeout, self.backoff, |left| {
+            let pk = pk.clone();
+            async move {
+                self.client
+                    .get_item()
+                    .table_name(&self.ctx.table)
+                    .key(pk.0, pk.1)
+                    .consistent_read(true)
+                    .customize()
+                    .config_override(Self::attempt_config(left))
+                    .send()
+                    .await
+                    .map(|out| out.item)
+                    .map_err(|e| map_sdk(Op::Read, &self.ctx, e))
+            }
+        })
+        .await
+    }
+
+    async fn read_lease(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        let item = self.get(self.pk(LEASE_PREFIX, key.as_str())).await?;
+        item.map(|item| parse_lease(key.as_str(), &item))
+            .transpose()
+    }
+
+    async fn write_lease(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let key = request.key.as_str();
+        let record = &request.record;
+        let update = String::from(
+            "SET #holder = :holder, #rev = :rev, #token = :token, #ttl = :ttl, #state = :state, \
+             #meta = :meta, #nonce = :nonce, #started = :started, #written = :written",
+        );
+        let mut n = names(&[
+            ("#holder", attr::HOLDER),
+            ("#rev", attr::REV),
+            ("#token", attr::TOKEN),
+            ("#ttl", attr::TTL_MS),
+            ("#state", attr::STATE),
+            ("#meta", attr::META),
+            ("#nonce", attr::NONCE),
+            ("#started", attr::STARTED),
+            ("#written", attr::WRITTEN),
+        ]);
+        let state = if record.is_held() { HELD } else { RELEASED };
+        let mut v: Item = HashMap::from([
+            (
+                ":holder".to_owned(),
+                AttributeValue::S(record.holder.as_str().to_owned()),
+            ),
+            (":token".to_owned(), num(record.token.get())),
+            (":ttl".to_owned(), num(ms(record.ttl))),
+            (":state".to_owned(), AttributeValue::S(state.to_owned())),
+            (
+                ":meta".to_owned(),
+                AttributeValue::M(
+                    record
+                        .metadata
+                        .iter()
+                        .map(|(k, v)| (k.clone(), AttributeValue::S(v.clone())))
+                        .collect(),
+                ),
+            ),
+            (
+                ":nonce".to_owned(),
+                AttributeValue::S(record.nonce.to_string()),
+            ),
+            (":started".to_owned(), num(record.term_started_unix_ms)),
+            (":written".to_owned(), num(record.written_unix_ms)),
+        ]);
+        let (condition, next_rev) = match &request.expected {
+            Expected::Absent => {
+                n.insert("#pk".to_owned(), self.partition_key.clone());
+                ("attribute_not_exists(#pk)", 1)
+            }
+            Expected::Revision(revision) => {
+                let Some((rev, nonce)) = parse_revision(revision) else {
+                    return Err(Error::InvalidConfig {
+                        message: format!(
+                            "revision {revision} of {key} was not made by the DynamoDB backend"
+                        ),
+                        source: None,
+                    });
+                };
+                v.insert(":old_rev".to_owned(), num(rev));
+                v.insert(":old_nonce".to_owned(), AttributeValue::S(nonce));
+                (
+                    "#rev = :old_rev AND #nonce = :old_nonce",
+                    rev.saturating_add(1),
+                )
+            }
+        };
+        v.insert(":rev".to_owned(), num(next_rev));
+        let pk = self.pk(LEASE_PREFIX, key);
+        let outcome = with_retries(Op::Write, self.ctx.request_timeout, self.backoff, |left| {
+            let (pk, n, v) = (pk.clone(), n.clone(), v.clone());
+            let update = update.clone();
+            async move {
+                self.client
+                    .update_item()
+                    .table_name(&self.ctx.table)
+                    .key(pk.0, pk.1)
+                    .update_expression(update)
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(Some(n))
+                    .set_expression_attribute_values(Some(v))
+                    .return_values(ReturnValue::AllNew)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .customize()
+                    .config_override(Self::attempt_config(left))
+                    .send()
+                    .await
+                    .map(|out| Ok(out.attributes))
+                    .or_else(|e| match e.as_service_error() {
+                        Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                            Ok(Err(c.item().cloned()))
+                        }
+                        _ => Err(map_sdk(Op::Write, &self.ctx, e)),
+                    })
+            }
+        })
+        .await?;
+        let ours = || Stored {
+            record: record.clone(),
+            revision: revision_of(next_rev, record.nonce),
+        };
+        match outcome {
+            Ok(Some(new)) => Ok(WriteOutcome::Written(
+                parse_lease(key, &new).unwrap_or_else(|_| ours()),
+            )),
+            Ok(None) => Ok(WriteOutcome::Written(ours())),
+            Err(old) => {
+                let current = old.and_then(|item| parse_lease(key, &item).ok());
+                // The item that failed the condition is exactly the write we make: an earlier
+                // attempt of ours landed. That is a success, not a conflict.
+                if let Some(c) = &current
+                    && c.record.holder == record.holder
+                    && c.record.nonce == record.nonce
+                {
+                    return Ok(WriteOutcome::Written(c.clone()));
+                }
+                Ok(WriteOutcome::Conflict { current })
+            }
+        }
+    }
+
+    async fn transact_fenced(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        let build = |e: aws_sdk_dynamodb::error::BuildError| {
+            Error::backend("building the fenced transaction", e)
+        };
+        let token = num(fence.token.get());
+        let (lease_pk, object_pk) = (
+            self.pk(LEASE_PREFIX, fence.key.as_str()),
+            self.pk(OBJECT_PREFIX, object.as_str()),
+        );
+        let check = ConditionCheck::builder()
+            .table_name(&self.ctx.table)
+            .key(lease_pk.0, lease_pk.1)
+            .condition_expression("#holder = :holder AND #token = :token AND #state = :held")
+            .set_expression_attribute_names(Some(names(&[
+                ("#holder", attr::HOLDER),
+                ("#token", attr::TOKEN),
+                ("#state", attr::STATE),
+            ])))
+            .set_expression_attribute_values(Some(HashMap::from([
+                (
+                    ":holder".to_owned(),
+                    AttributeValue::S(fence.holder.as_str().to_owned()),
+                ),
+                (":token".to_owned(), token.clone()),
+                (":held".to_owned(), AttributeValue::S(HELD.to_owned())),
+            ])))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build)?;
+        let object_rev = format!("{:016x}", random_u64());
+        let update = Update::builder()
+            .table_name(&self.ctx.table)
+            .key(object_pk.0, object_pk.1)
+            .update_expression("SET #fence = :token, #value = :value, #orev = :orev")
+            .condition_expression("attribute_not_exists(#pk) OR #fence <= :token")
+            .set_expression_attribute_names(Some(names(&[
+                ("#pk", &self.partition_key),
+                ("#fence", attr::FENCE),
+                ("#value", attr::VALUE),
+                ("#orev", attr::OBJECT_REV),
+            ])))
+            .set_expression_attribute_values(Some(HashMap::from([
+                (":token".to_owned(), token),
+                (
+                    ":value".to_owned(),
+                    AttributeValue::B(Blob::new(value.to_vec())),
+                ),
+                (":orev".to_owned(), AttributeValue::S(object_rev.clone())),
+            ])))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build)?;
+        let items = vec![
+            TransactWriteItem::builder().condition_check(check).build(),
+            TransactWriteItem::builder().update(update).build(),
+        ];
+        with_retries(
+            Op::FencedWrite,
+            self.ctx.request_timeout,
+            self.backoff,
+            |left| {
+                let items = items.clone();
+                async move {
+                    match self
+                        .client
+                        .transact_write_items()
+                        .set_transact_items(Some(items))
+                        .customize()
+                        .config_override(Self::attempt_config(left))
+                        .send()
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(e) => match e.as_service_error() {
+                            Some(TransactWriteItemsError::TransactionCanceledException(t)) => {
+                                let reasons = t.cancellation_reasons();
+                                let highest = reasons
+                                    .get(1)
+                                    .and_then(|r| r.item())
+                                    .and_then(|item| parse_object(object.as_str(), item).ok())
+                                    .map(|o| o.fence);
+                                let reasons: Vec<Reason> = reasons
+                                    .iter()
+                                    .map(|r| Reason {
+                                        code: r.code().unwrap_or("None").to_owned(),
+                                        message: r.message().unwrap_or("").to_owned(),
+                                    })
+                                    .collect();
+                                Err(map_cancelled(
+                                    &self.ctx,
+                                    object.as_str(),
+                                    fence.token,
+                                    &reasons,
+                                    highest,
+                                ))
+                            }
+                            _ => Err(map_sdk(Op::FencedWrite, &self.ctx, e)),
+                        },
+                    }
+                }
+            },
+        )
+        .await?;
+        Ok(FencedObject {
+            fence: fence.token,
+            value: value.to_vec(),
+            revision: Revision::new(object_rev),
+        })
+    }
+
+    /// Checks that the table exists with the right key schema; creates it (on-demand billing)
+    /// if it is missing and `create` is set.
+    pub(crate) async fn ensure_table(&self, create: bool, wait: Duration) -> Result<(), Error> {
+        let budget = self.ctx.request_timeout.max(Duration::from_secs(5));
+        let described = with_retries(Op::Table, budget, self.backoff, |left| async move {
+            self.client
+                .describe_table()
+                .table_name(&self.ctx.table)
+                .customize()
+                .config_override(Self::attempt_config(left))
+                .send()
+                .await
+                .map_err(|e| map_sdk(Op::Table, &self.ctx, e))
+        })
+        .await;
+        let table = match described {
+            Ok(out) => out.table,
+            Err(Error::NotFound { .. }) if create => {
+                self.create_table(budget).await?;
+                return self.wait_active(wait).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let schema = table
+            .as_ref()
+            .map(|t| t.key_schema().to_vec())
+            .unwrap_or_default();
+        let types = table
+            .as_ref()
+            .map(|t| t.attribute_definitions().to_vec())
+            .unwrap_or_default();
+        let pk_is_string = types.iter().any(|d| {
+            d.attribute_name() == self.partition_key
+                && *d.attribute_type() == ScalarAttributeType::S
+        });
+        let ok = schema.len() == 1
+            && schema.iter().all(|k| {
+                k.attribute_name() == self.partition_key && *k.key_type() == KeyType::Hash
+            })
+            && pk_is_string;
+        if !ok {
+            let found = schema
+                .iter()
+                .map(|k| format!("{} ({})", k.attribute_name(), k.key_type().as_str()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let source = DynamoError::KeySchema {
+                table: self.ctx.table.clone(),
+                found: if found.is_empty() {
+                    "unknown".to_owned()
+                } else {
+                    found
+                },
+                expected: self.partition_key.clone(),
+            };
+            return Err(Error::InvalidConfig {
+                message: source.to_string(),
+                source: Some(Box::new(source)),
+            });
+        }
+        Ok(())
+    }
+
+    async fn create_table(&self, budget: Duration) -> Result<(), Error> {
+        let bad =
+            |e: aws_sdk_dynamodb::error::BuildError| Error::backend("building CreateTable", e);
+        let definition = AttributeDefinition::builder()
+            .attribute_name(&self.partition_key)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .map_err(bad)?;
+        let key = KeySchemaElement::builder()
+            .attribute_name(&self.partition_key)
+            .key_type(KeyType::Hash)
+            .build()
+            .map_err(bad)?;
+        tracing::info!(table = %self.ctx.table, "creating the DynamoDB table (on-demand)");
+        let created = self
+            .client
+            .create_table()
+            .table_name(&self.ctx.table)
+            .attribute_definitions(definition)
+            .key_schema(key)
+            .billing_mode(BillingMode::PayPerRequest)
+            .customize()
+            .config_override(Self::attempt_config(budget))
+            .send()
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            // Another instance created it first.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_in_use_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_sdk(Op::Table, &self.ctx, e)),
+        }
+    }
+
+    async fn wait_active(&self, wait: Duration) -> Result<(), Error> {
+        let until = Instant::now() + wait;
+        loop {
+            let status = self
+                .client
+                .describe_table()
+                .table_name(&self.ctx.table)
+                .customize()
+                .config_override(Self::attempt_config(self.ctx.request_timeout))
+                .send()
+                .await
+                .ok()
+                .and_then(|out| out.table.and_then(|t| t.table_status));
+            if status == Some(TableStatus::Active) {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "DynamoDB table {:?} did not become active within {wait:?}",
+                        self.ctx.table
+                    ),
+                    source: None,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for DynamoStore {
+    /// Rejects a core request timeout shorter than this store's: the store's calls would then
+    /// be cut off by the core, and every write would end up indeterminate.
+    fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
+        if timing.request_timeout < self.ctx.request_timeout {
+            return Err(ConfigError::Unsupported {
+                backend: "DynamoDB",
+                reason: format!(
+                    "the store's request timeout {:?} exceeds the elector's {:?}; build the \
+                     store with DynamoBuilder::with_request_timeout({:?}) or less",
+                    self.ctx.request_timeout, timing.request_timeout, timing.request_timeout
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.read_lease(key).await
+    }
+
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.write_lease(request).await
+    }
+}
+
+#[async_trait]
+impl FencedStore for DynamoStore {
+    async fn fenced_write(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        self.transact_fenced(fence, object, value).await
+    }
+
+    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        let item = self.get(self.pk(OBJECT_PREFIX, object.as_str())).await?;
+        item.map(|item| parse_object(object.as_str(), &item))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    fn throttled() -> Error {
+        Error::Throttled {
+            message: "ThrottlingException".to_owned(),
+            source: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_writes_are_retried_within_the_budget() {
+        let calls = AtomicU32::new(0);
+        let start = Instant::now();
+        let budget = Duration::from_millis(500);
+        let out = with_retries(Op::Write, budget, Backoff::DEFAULT, |left| {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            async move {
+                assert!(left <= budget);
+                if n < 3 { Err(throttled()) } else { Ok(n) }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, 3);
+        assert!(start.elapsed() < budget, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn endless_throttling_gives_up_before_the_deadline() {
+        let calls = AtomicU32::new(0);
+        let start = Instant::now();
+        let budget = Duration::from_millis(500);
+        let err = with_retries(Op::Write, budget, Backoff::DEFAULT, |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            // Each attempt takes a while, as a throttled call over the network does.
+            async {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                Err::<(), _>(throttled())
+            }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Throttled);
+        assert!(start.elapsed() <= budget, "{:?}", start.elapsed());
+        assert!(calls.load(Ordering::Relaxed) >= 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ambiguous_or_unknown_write_failures_are_never_retried() {
+        let errors: [fn() -> Error; 3] = [
+            || Error::indeterminate("timed out"),
+            || Error::unavailable("reset"),
+            || Error::backend("odd", "x"),
+        ];
+        for error in errors {
+            let calls = AtomicU32::new(0);
+            let err = with_retries(Op::Write, Duration::from_secs(1), Backoff::DEFAULT, |_| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                async move { Err::<(), _>(error()) }
+            })
+            .await
+            .unwrap_err();
+            assert_eq!(calls.load(Ordering::Relaxed), 1, "{err}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_retry_unavailable() {
+        let calls = AtomicU32::new(0);
+        let out = with_retries(Op::Read, Duration::from_secs(1), Backoff::DEFAULT, |_| {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if n == 0 {
+                    Err(Error::unavailable("reset"))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, 1);
+    }
+
+    fn item(pairs: &[(&str, AttributeValue)]) -> Item {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    }
+
+    fn good() -> Item {
+        item(&[
+            (attr::HOLDER, AttributeValue::S("a".into())),
+            (attr::REV, num(3)),
+            (attr::TOKEN, num(7)),
+            (attr::TTL_MS, num(1500)),
+            (attr::STATE, AttributeValue::S("held".into())),
+            (
+                attr::META,
+                AttributeValue::M(HashMap::from([(
+                    "addr".to_owned(),
+                    AttributeValue::S("10.0.0.1".into()),
+                )])),
+            ),
+            (attr::NONCE, AttributeValue::S("00000000deadbeef".into())),
+        ])
+    }
+
+    #[test]
+    fn lease_items_parse() {
+        let s = parse_lease("k", &good()).unwrap();
+        assert_eq!(s.record.token, FencingToken(7));
+        assert_eq!(s.record.ttl, Duration::from_millis(1500));
+        assert_eq!(s.record.metadata["addr"], "10.0.0.1");
+        assert_eq!(s.revision.as_str(), "3.00000000deadbeef");
+        assert_eq!(
+            parse_revision(&s.revision),
+            Some((3, "00000000deadbeef".to_owned()))
+        );
+    }
+
+    #[test]
+    fn malformed_lease_items_name_the_key_and_the_field() {
+        let cases: [(&str, AttributeValue, &str); 5] = [
+            (attr::TOKEN, AttributeValue::S("x".into()), "token"),
+            (attr::TOKEN, num(0), "token is zero"),
+            (attr::STATE, AttributeValue::S("maybe".into()), "maybe"),
+            (attr::NONCE, AttributeValue::S("xyz".into()), "nonce"),
+            (attr::META, AttributeValue::S("x".into()), "metadata"),
+        ];
+        for (attr_name, value, expected) in cases {
+            let mut it = good();
+            it.insert(attr_name.to_owned(), value);
+            let e = parse_lease("jobs", &it).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::MalformedRecord);
+            assert!(msg.contains("jobs") && msg.contains(expected), "{msg}");
+        }
+        let mut it = good();
+        it.remove(attr::HOLDER);
+        assert!(
+            parse_lease("jobs", &it)
+                .unwrap_err()
+                .to_string()
+                .contains("missing")
+        );
+    }
+}

@@ -1,0 +1,541 @@
+//! Every DynamoDB failure becomes a [`leader_core::Error`] here, in one place.
+//!
+//! The SDK's error is first reduced to a [`Failure`] (what happened, as plain data), then
+//! [`map_failure`] decides the semantic variant. The reduction is mechanical; the decision is
+//! unit-tested case by case.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use leader_core::{BoxError, Error, FencingToken};
+
+/// What the failed call was doing; decides whether an unknown outcome may have changed data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// A consistent read of a lease or protected object.
+    Read,
+    /// A conditional write of a lease record.
+    Write,
+    /// A `TransactWriteItems` of a fenced write.
+    FencedWrite,
+    /// `DescribeTable` / `CreateTable`.
+    Table,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Read => "reading from DynamoDB",
+            Op::Write => "a conditional write to DynamoDB",
+            Op::FencedWrite => "a fenced transaction on DynamoDB",
+            Op::Table => "checking the DynamoDB table",
+        }
+    }
+
+    /// Whether the call may have changed data if its outcome is unknown.
+    fn mutates(self) -> bool {
+        matches!(self, Op::Write | Op::FencedWrite)
+    }
+}
+
+/// A failed SDK call, as plain data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The request could not be built; nothing was sent.
+    NotSent(String),
+    /// The SDK's operation timeout fired; the request may have been sent.
+    TimedOut,
+    /// The connection failed (`timeout`: the connector's own timeout). The request may have
+    /// been sent before the connection broke.
+    Dispatch {
+        /// What the connector said.
+        message: String,
+        /// A connector timeout.
+        timeout: bool,
+    },
+    /// A response arrived but could not be read.
+    BadResponse(String),
+    /// DynamoDB answered with an error.
+    Service {
+        /// The error code (`ConditionalCheckFailedException`, `ThrottlingException`, ...).
+        code: String,
+        /// The service's message.
+        message: String,
+        /// The HTTP status.
+        status: u16,
+    },
+}
+
+impl Failure {
+    /// Reduces an SDK error to what the mapping needs.
+    pub(crate) fn of<E>(err: &SdkError<E, HttpResponse>) -> Self
+    where
+        E: ProvideErrorMetadata,
+    {
+        match err {
+            SdkError::ConstructionFailure(_) => Failure::NotSent(text(err)),
+            SdkError::TimeoutError(_) => Failure::TimedOut,
+            SdkError::DispatchFailure(d) => Failure::Dispatch {
+                message: text(err),
+                timeout: d.is_timeout(),
+            },
+            SdkError::ResponseError(_) => Failure::BadResponse(text(err)),
+            SdkError::ServiceError(s) => Failure::Service {
+                code: s.err().code().unwrap_or("unknown").to_owned(),
+                message: s.err().message().unwrap_or("").to_owned(),
+                status: s.raw().status().as_u16(),
+            },
+            _ => Failure::BadResponse(text(err)),
+        }
+    }
+}
+
+fn text<E>(err: &SdkError<E, HttpResponse>) -> String {
+    // What failed, with the connector's error chain; SDK errors carry no request (so no
+    // signature or credentials) to print.
+    let mut out = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = None;
+    out.push_str(&match err {
+        SdkError::ConstructionFailure(_) => "request could not be built".to_owned(),
+        SdkError::TimeoutError(_) => "timed out".to_owned(),
+        SdkError::DispatchFailure(d) => {
+            cur = d.as_connector_error().map(|c| c as _);
+            "connection failed".to_owned()
+        }
+        SdkError::ResponseError(_) => "unreadable response".to_owned(),
+        _ => "error".to_owned(),
+    });
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+/// What the mapping needs to name things and report timeouts.
+#[derive(Clone, Debug)]
+pub(crate) struct Context {
+    /// The table, as configured.
+    pub(crate) table: String,
+    /// The per-request timeout.
+    pub(crate) request_timeout: Duration,
+}
+
+const THROTTLING: [&str; 4] = [
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "LimitExceededException",
+];
+
+const BAD_CREDENTIALS: [&str; 6] = [
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "ExpiredTokenException",
+    "MissingAuthenticationTokenException",
+    "IncompleteSignatureException",
+    "InvalidClientTokenId",
+];
+
+/// The one mapping from a DynamoDB failure to a semantic [`Error`].
+///
+/// For writes, anything that may have reached DynamoDB without a definite answer is
+/// [`Error::Indeterminate`]: the core re-reads instead of repeating the write.
+pub(crate) fn map_failure(
+    op: Op,
+    ctx: &Context,
+    failure: Failure,
+    source: Option<BoxError>,
+) -> Error {
+    let unknown = |message: String, source: Option<BoxError>| {
+        if op.mutates() {
+            Error::Indeterminate { message, source }
+        } else {
+            Error::Unavailable { message, source }
+        }
+    };
+    match failure {
+        Failure::NotSent(message) => Error::InvalidConfig {
+            message: format!("{} could not be sent: {message}", op.name()),
+            source,
+        },
+        Failure::TimedOut if op.mutates() => Error::Indeterminate {
+            message: format!(
+                "{} did not answer within {:?}",
+                op.name(),
+                ctx.request_timeout
+            ),
+            source,
+        },
+        Failure::TimedOut => Error::Timeout {
+            operation: op.name(),
+            after: ctx.request_timeout,
+        },
+        Failure::Dispatch { message, timeout } => {
+            let what = if timeout { "timed out" } else { "failed" };
+            unknown(format!("{} {what}: {message}", op.name()), source)
+        }
+        Failure::BadResponse(message) => unknown(
+            format!("{}: the response was unreadable: {message}", op.name()),
+            source,
+        ),
+        Failure::Service {
+            code,
+            message,
+            status,
+        } => {
+            let said = format!("{code}: {message}");
+            if THROTTLING.contains(&code.as_str()) {
+                Error::Throttled {
+                    message: said,
+                    source,
+                }
+            } else if code == "ResourceNotFoundException" {
+                Error::NotFound {
+                    what: format!("DynamoDB table {:?}", ctx.table),
+                    source,
+                }
+            } else if code == "AccessDeniedException" {
+                Error::PermissionDenied {
+                    message: said,
+                    source,
+                }
+            } else if BAD_CREDENTIALS.contains(&code.as_str()) {
+                Error::Unauthenticated {
+                    message: said,
+                    source,
+                }
+            } else if code == "ValidationException"
+                && (message.contains("key element does not match the schema")
+                    || message.contains("Missing the key"))
+            {
+                Error::InvalidConfig {
+                    message: format!(
+                        "the key schema of DynamoDB table {:?} does not match the configured \
+                         partition key ({said})",
+                        ctx.table
+                    ),
+                    source,
+                }
+            } else if code == "TransactionConflictException"
+                || code == "TransactionInProgressException"
+            {
+                // Rejected before it was applied: a concurrent transaction held the item.
+                Error::Unavailable {
+                    message: said,
+                    source,
+                }
+            } else if status >= 500 || code == "InternalServerError" {
+                unknown(
+                    format!("{} failed on the server: {said}", op.name()),
+                    source,
+                )
+            } else {
+                Error::Backend {
+                    message: format!("{} failed: {said}", op.name()),
+                    source,
+                }
+            }
+        }
+    }
+}
+
+/// Maps an SDK error (see [`map_failure`]).
+pub(crate) fn map_sdk<E>(op: Op, ctx: &Context, err: SdkError<E, HttpResponse>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let failure = Failure::of(&err);
+    map_failure(op, ctx, failure, Some(Box::new(err)))
+}
+
+/// One item's reason in a cancelled transaction, as plain data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Reason {
+    /// `None`, `ConditionalCheckFailed`, `TransactionConflict`, `ThrottlingError`, ...
+    pub(crate) code: String,
+    /// The service's message.
+    pub(crate) message: String,
+}
+
+/// The error of a fenced-write transaction that DynamoDB cancelled; `reasons` are in the
+/// order of the transaction's items, `highest` is the object's fence if it was returned.
+pub(crate) fn map_cancelled(
+    ctx: &Context,
+    object: &str,
+    presented: FencingToken,
+    reasons: &[Reason],
+    highest: Option<FencingToken>,
+) -> Error {
+    let summary = reasons
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("item {i}: {} {}", r.code, r.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let has = |code: &str| reasons.iter().any(|r| r.code == code);
+    if has("ConditionalCheckFailed") {
+        Error::Fenced {
+            object: object.to_owned(),
+            presented,
+            highest: highest.filter(|h| *h > presented),
+        }
+    } else if has("ThrottlingError") || has("ProvisionedThroughputExceeded") {
+        Error::Throttled {
+            message: format!("fenced transaction throttled ({summary})"),
+            source: None,
+        }
+    } else if has("TransactionConflict") {
+        Error::Unavailable {
+            message: format!("fenced transaction conflicted with another one ({summary})"),
+            source: None,
+        }
+    } else {
+        Error::Backend {
+            message: format!(
+                "fenced transaction on table {:?} was cancelled ({summary})",
+                ctx.table
+            ),
+            source: None,
+        }
+    }
+}
+
+/// Errors of this crate that are not the SDK's, kept as the `source` of a core [`Error`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DynamoError {
+    /// The table exists but its key schema is not the one this crate needs.
+    #[error(
+        "table {table:?} has key schema {found}; it needs a single string partition key named {expected:?}"
+    )]
+    KeySchema {
+        table: String,
+        found: String,
+        expected: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+    use leader_core::ErrorKind;
+
+    fn ctx() -> Context {
+        Context {
+            table: "leases".to_owned(),
+            request_timeout: Duration::from_millis(500),
+        }
+    }
+
+    fn service(code: &str, message: &str, status: u16) -> Failure {
+        Failure::Service {
+            code: code.to_owned(),
+            message: message.to_owned(),
+            status,
+        }
+    }
+
+    fn kind(op: Op, f: Failure) -> ErrorKind {
+        map_failure(op, &ctx(), f, None).kind()
+    }
+
+    #[test]
+    fn throttling_codes_are_throttled_and_retryable() {
+        for code in THROTTLING {
+            for op in [Op::Read, Op::Write, Op::FencedWrite] {
+                let e = map_failure(op, &ctx(), service(code, "slow down", 400), None);
+                assert_eq!(e.kind(), ErrorKind::Throttled, "{code}");
+                assert!(e.is_retryable());
+            }
+        }
+    }
+
+    #[test]
+    fn missing_table_names_the_table() {
+        let e = map_failure(
+            Op::Read,
+            &ctx(),
+            service(
+                "ResourceNotFoundException",
+                "Requested resource not found",
+                400,
+            ),
+            None,
+        );
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(e.to_string().contains("\"leases\""), "{e}");
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn credentials_and_permissions() {
+        assert_eq!(
+            kind(Op::Write, service("AccessDeniedException", "no", 400)),
+            ErrorKind::PermissionDenied
+        );
+        for code in BAD_CREDENTIALS {
+            assert_eq!(
+                kind(Op::Read, service(code, "bad", 400)),
+                ErrorKind::Unauthenticated,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_key_schema_is_a_config_error() {
+        let e = map_failure(
+            Op::Read,
+            &ctx(),
+            service(
+                "ValidationException",
+                "The provided key element does not match the schema",
+                400,
+            ),
+            None,
+        );
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("key schema"), "{e}");
+        // Other validation errors are plain backend errors.
+        assert_eq!(
+            kind(Op::Read, service("ValidationException", "something", 400)),
+            ErrorKind::Backend
+        );
+    }
+
+    #[test]
+    fn timeouts_are_indeterminate_for_writes_only() {
+        assert_eq!(kind(Op::Write, Failure::TimedOut), ErrorKind::Indeterminate);
+        assert_eq!(
+            kind(Op::FencedWrite, Failure::TimedOut),
+            ErrorKind::Indeterminate
+        );
+        assert_eq!(kind(Op::Read, Failure::TimedOut), ErrorKind::Timeout);
+        let dispatch = || Failure::Dispatch {
+            message: "reset".to_owned(),
+            timeout: false,
+        };
+        assert_eq!(kind(Op::Write, dispatch()), ErrorKind::Indeterminate);
+        assert_eq!(kind(Op::Read, dispatch()), ErrorKind::Unavailable);
+        assert_eq!(
+            kind(Op::Write, Failure::BadResponse("eof".to_owned())),
+            ErrorKind::Indeterminate
+        );
+        assert_eq!(
+            kind(Op::Read, Failure::BadResponse("eof".to_owned())),
+            ErrorKind::Unavailable
+        );
+    }
+
+    #[test]
+    fn server_errors_are_indeterminate_for_writes() {
+        let f = || service("InternalServerError", "oops", 500);
+        assert_eq!(kind(Op::Write, f()), ErrorKind::Indeterminate);
+        assert_eq!(kind(Op::Read, f()), ErrorKind::Unavailable);
+        assert_eq!(
+            kind(Op::Write, service("ServiceUnavailable", "", 503)),
+            ErrorKind::Indeterminate
+        );
+    }
+
+    #[test]
+    fn not_sent_is_config_and_conflicts_are_unavailable() {
+        assert_eq!(
+            kind(Op::Write, Failure::NotSent("no region".to_owned())),
+            ErrorKind::InvalidConfig
+        );
+        assert_eq!(
+            kind(
+                Op::FencedWrite,
+                service("TransactionConflictException", "busy", 400)
+            ),
+            ErrorKind::Unavailable
+        );
+        assert_eq!(
+            kind(Op::Write, service("SomethingNew", "?", 400)),
+            ErrorKind::Backend
+        );
+    }
+
+    #[test]
+    fn sdk_errors_reduce_to_failures() {
+        use aws_sdk_dynamodb::error::ErrorMetadata;
+        use aws_sdk_dynamodb::operation::get_item::GetItemError;
+        use aws_smithy_types::body::SdkBody;
+
+        let raw = HttpResponse::new(400.try_into().unwrap(), SdkBody::empty());
+        let err: SdkError<GetItemError, HttpResponse> = SdkError::service_error(
+            GetItemError::generic(
+                ErrorMetadata::builder()
+                    .code("ThrottlingException")
+                    .message("Rate exceeded")
+                    .build(),
+            ),
+            raw,
+        );
+        assert_eq!(
+            Failure::of(&err),
+            service("ThrottlingException", "Rate exceeded", 400)
+        );
+        assert_eq!(map_sdk(Op::Read, &ctx(), err).kind(), ErrorKind::Throttled);
+
+        let err: SdkError<GetItemError, HttpResponse> = SdkError::timeout_error("slow");
+        assert_eq!(Failure::of(&err), Failure::TimedOut);
+        assert_eq!(
+            map_sdk(Op::Write, &ctx(), err).kind(),
+            ErrorKind::Indeterminate
+        );
+    }
+
+    #[test]
+    fn cancelled_transactions() {
+        let r = |code: &str| Reason {
+            code: code.to_owned(),
+            message: String::new(),
+        };
+        let e = map_cancelled(
+            &ctx(),
+            "obj",
+            FencingToken(3),
+            &[r("ConditionalCheckFailed"), r("None")],
+            Some(FencingToken(5)),
+        );
+        match e {
+            Error::Fenced {
+                object,
+                presented,
+                highest,
+            } => {
+                assert_eq!(object, "obj");
+                assert_eq!(presented, FencingToken(3));
+                assert_eq!(highest, Some(FencingToken(5)));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A fence that is not higher is not reported as the higher one.
+        let e = map_cancelled(
+            &ctx(),
+            "obj",
+            FencingToken(3),
+            &[r("ConditionalCheckFailed"), r("None")],
+            Some(FencingToken(2)),
+        );
+        assert!(matches!(e, Error::Fenced { highest: None, .. }), "{e:?}");
+        let kind = |reasons: &[Reason]| {
+            map_cancelled(&ctx(), "obj", FencingToken(3), reasons, None).kind()
+        };
+        assert_eq!(
+            kind(&[r("None"), r("ThrottlingError")]),
+            ErrorKind::Throttled
+        );
+        assert_eq!(
+            kind(&[r("TransactionConflict"), r("None")]),
+            ErrorKind::Unavailable
+        );
+        assert_eq!(kind(&[r("ValidationError")]), ErrorKind::Backend);
+    }
+}

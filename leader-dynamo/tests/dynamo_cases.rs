@@ -1,0 +1,446 @@
+//! DynamoDB-specific cases against moto: fenced transactions, lost responses, the table
+//! checks, and the request counts of a leader and a follower.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "test code"
+)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Proxy, moto_url, store_at, timing};
+use leader_core::{
+    Acquisition, Elector, Error, ErrorKind, Expected, Fence, FencedStore, FencingToken, HolderId,
+    LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, ObjectName, Renewal, TermId,
+    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+};
+use leader_dynamo::DynamoBuilder;
+use tokio::time::Instant;
+
+fn table() -> String {
+    integration_tests::unique_name("leases")
+}
+
+fn client(store: &Arc<dyn LeaseBackend>, key: &LeaseKey, who: &str) -> LeaseClient {
+    LeaseClient::new(
+        store.clone(),
+        key.clone(),
+        HolderId::new(who).unwrap(),
+        timing(),
+    )
+    .unwrap()
+}
+
+async fn acquire(c: &mut LeaseClient) -> leader_core::Grant {
+    match c.try_acquire().await.unwrap() {
+        Acquisition::Acquired(g) => g,
+        other => panic!("expected to acquire, got {other:?}"),
+    }
+}
+
+fn record(holder: &str, token: u64, nonce: u64) -> LeaseRecord {
+    LeaseRecord::held(
+        HolderId::new(holder).unwrap(),
+        FencingToken(token),
+        timing().ttl,
+        Metadata::new(),
+        WriteNonce(nonce),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_transaction_rejects_a_deposed_leader() {
+    let store = Arc::new(store_at(&moto_url().await, &table()).await);
+    let backend: Arc<dyn LeaseBackend> = store.clone();
+    let key = LeaseKey::new("jobs").unwrap();
+    let (orders, fresh) = (
+        ObjectName::new("orders").unwrap(),
+        ObjectName::new("fresh").unwrap(),
+    );
+    let mut a = client(&backend, &key, "a");
+    let g1 = acquire(&mut a).await;
+    let fence_a = Fence {
+        key: key.clone(),
+        holder: a.holder().clone(),
+        token: g1.token,
+    };
+    let written = store.fenced_write(&fence_a, &orders, b"v1").await.unwrap();
+    assert_eq!(written.fence, g1.token);
+    assert_eq!(
+        store.fenced_read(&orders).await.unwrap().unwrap().value,
+        b"v1"
+    );
+
+    // b takes the lease over (as after a full ttl: a write conditional on a's revision with
+    // a higher token). The object has not seen b's token yet: only the lease check can stop a.
+    let current = store.read(&key).await.unwrap().unwrap();
+    let takeover = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(current.revision),
+            record("b", g1.token.get() + 1, 0xb),
+            WriteKind::Acquire,
+            TermId(2),
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(takeover, WriteOutcome::Written(_)), "{takeover:?}");
+
+    for object in [&orders, &fresh] {
+        match store.fenced_write(&fence_a, object, b"late").await {
+            Err(e @ Error::Fenced { .. }) => {
+                let Error::Fenced { presented, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(*presented, g1.token);
+                assert!(e.to_string().contains("no longer leader"), "{e}");
+            }
+            other => panic!("a deposed leader's write must be fenced off, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        store.fenced_read(&orders).await.unwrap().unwrap().value,
+        b"v1"
+    );
+    assert!(store.fenced_read(&fresh).await.unwrap().is_none());
+
+    // b writes with its token; a's token is then also below the object's fence.
+    let fence_b = Fence {
+        key: key.clone(),
+        holder: HolderId::new("b").unwrap(),
+        token: FencingToken(g1.token.get() + 1),
+    };
+    store.fenced_write(&fence_b, &orders, b"v2").await.unwrap();
+    match store.fenced_write(&fence_a, &orders, b"late").await {
+        Err(Error::Fenced { highest, .. }) => assert_eq!(highest, Some(fence_b.token)),
+        other => panic!("{other:?}"),
+    }
+    // A fence naming a holder that never held the lease is rejected too.
+    let impostor = Fence {
+        holder: HolderId::new("c").unwrap(),
+        ..fence_b.clone()
+    };
+    assert!(matches!(
+        store.fenced_write(&impostor, &orders, b"x").await,
+        Err(Error::Fenced { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_renew_is_recognised_as_our_own_write() {
+    let url = moto_url().await;
+    let table = table();
+    let direct = store_at(&url, &table).await;
+    let proxy = Proxy::start(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let key = LeaseKey::new("ambiguous").unwrap();
+    let mut a = client(&through, &key, "a");
+    let g1 = acquire(&mut a).await;
+    let before = direct.read(&key).await.unwrap().unwrap();
+
+    // The renew lands in the table, but its response never arrives.
+    proxy.drop_next("UpdateItem");
+    let renewal = a.renew().await.unwrap();
+    assert_eq!(proxy.dropped(), 1);
+    let Renewal::Renewed(g2) = renewal else {
+        panic!("the lost renew is ours and must count, got {renewal:?}");
+    };
+    assert_eq!(g2.token, g1.token);
+    assert!(g2.deadline > g1.deadline);
+    let after = direct.read(&key).await.unwrap().unwrap();
+    assert_ne!(after.revision, before.revision, "the renew was applied");
+    assert_eq!(after.record.holder, *a.holder());
+    // The term goes on from the recognised revision.
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_renews_are_retried_within_the_deadline() {
+    let url = moto_url().await;
+    let proxy = Proxy::start(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table()).await);
+    let key = LeaseKey::new("throttled").unwrap();
+    let mut a = client(&through, &key, "a");
+    let g1 = acquire(&mut a).await;
+
+    // Two throttled attempts, then the write goes through, all within one request timeout.
+    proxy.reset_counts();
+    proxy.throttle_next("UpdateItem", 2);
+    let started = Instant::now();
+    let renewal = a.renew().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        matches!(renewal, Renewal::Renewed(g) if g.token == g1.token),
+        "{renewal:?}"
+    );
+    assert!(took < timing().request_timeout, "took {took:?}");
+    assert_eq!(proxy.counts().get("UpdateItem"), Some(&3));
+
+    // Throttled for good: the call gives up inside the request timeout with a retryable
+    // error, and the term is still valid until its deadline.
+    proxy.reset_counts();
+    proxy.throttle_next("UpdateItem", 1000);
+    let started = Instant::now();
+    let err = a.renew().await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Throttled, "{err}");
+    assert!(err.is_retryable());
+    assert!(took <= timing().request_timeout, "took {took:?}");
+    assert!(proxy.counts().get("UpdateItem").copied().unwrap_or(0) >= 2);
+    assert!(a.grant().is_some(), "the term outlives a throttled renew");
+    proxy.throttle_next("UpdateItem", 0);
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_or_late_write_responses_are_indeterminate() {
+    let url = moto_url().await;
+    let table = table();
+    let direct = store_at(&url, &table).await;
+    let proxy = Proxy::start(&url).await;
+    let through = store_at(&proxy.url, &table).await;
+    let key = LeaseKey::new("lost").unwrap();
+
+    proxy.drop_next("UpdateItem");
+    let err = through
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            record("a", 1, 0xa1),
+            WriteKind::Acquire,
+            TermId(1),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    let stored = direct.read(&key).await.unwrap().unwrap();
+    assert_eq!(stored.record.nonce, WriteNonce(0xa1), "it was applied");
+
+    // A response that never comes: the call ends within the request timeout, indeterminate.
+    proxy.hang_next("UpdateItem");
+    let started = Instant::now();
+    let err = through
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(stored.revision.clone()),
+            record("a", 1, 0xa2),
+            WriteKind::Renew,
+            TermId(1),
+        ))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    assert!(
+        took < timing().request_timeout + Duration::from_millis(100),
+        "took {took:?}"
+    );
+    let stored = direct.read(&key).await.unwrap().unwrap();
+    assert_eq!(stored.record.nonce, WriteNonce(0xa2), "it was applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_write_is_recognised_from_the_returned_old_item() {
+    let store = store_at(&moto_url().await, &table()).await;
+    let key = LeaseKey::new("repeat").unwrap();
+    let request = WriteRequest::new(
+        key.clone(),
+        Expected::Absent,
+        record("a", 1, 0x1),
+        WriteKind::Acquire,
+        TermId(1),
+    );
+    let WriteOutcome::Written(first) = store.write(request.clone()).await.unwrap() else {
+        panic!("create failed");
+    };
+    // As an SDK retry of a write whose response was lost: the condition fails, but the item
+    // DynamoDB returns is exactly our write.
+    let again = store.write(request).await.unwrap();
+    assert_eq!(again, WriteOutcome::Written(first.clone()));
+
+    // Someone else's write conflicts, and the conflict names the holder without a read.
+    let other = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            record("b", 1, 0x2),
+            WriteKind::Acquire,
+            TermId(2),
+        ))
+        .await
+        .unwrap();
+    match other {
+        WriteOutcome::Conflict { current: Some(c) } => assert_eq!(c, first),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_checks() {
+    let url = moto_url().await;
+    let name = table();
+    let missing = DynamoBuilder::new()
+        .with_emulator(&url)
+        .with_table(&name)
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert!(missing.to_string().contains(&name), "{missing}");
+
+    // Opt-in creation: on-demand billing, the configured key.
+    let store = DynamoBuilder::new()
+        .with_emulator(&url)
+        .with_table(&name)
+        .with_create_table_if_missing(true)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(store.table(), name);
+    let endpoint = integration_tests::require(integration_tests::Emulator::DynamoDb)
+        .await
+        .unwrap();
+    let described = integration_tests::dynamodb::client(&endpoint)
+        .describe_table()
+        .table_name(&name)
+        .send()
+        .await
+        .unwrap()
+        .table
+        .unwrap();
+    assert_eq!(
+        described
+            .billing_mode_summary()
+            .and_then(|b| b.billing_mode()),
+        Some(&aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
+    );
+
+    let wrong = DynamoBuilder::new()
+        .with_emulator(&url)
+        .with_table(&name)
+        .with_partition_key("id")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.kind(), ErrorKind::InvalidConfig, "{wrong}");
+    assert!(wrong.to_string().contains("key schema"), "{wrong}");
+
+    // The store's timeout must fit in the elector's.
+    let slow = DynamoBuilder::new()
+        .with_emulator(&url)
+        .with_table(&name)
+        .with_request_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let err = LeaseClient::new(
+        Arc::new(slow),
+        LeaseKey::new("k").unwrap(),
+        HolderId::new("a").unwrap(),
+        timing(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("with_request_timeout"), "{err}");
+}
+
+/// Counts the requests of a leader and of a follower over one ttl, each through its own
+/// counting proxy, with the default cadence (renew every ttl / 3, poll every ttl / 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_counts_over_one_ttl() {
+    let url = moto_url().await;
+    let table = table();
+    store_at(&url, &table).await;
+    let key = LeaseKey::new("counted").unwrap();
+    let (pl, pf) = (Proxy::start(&url).await, Proxy::start(&url).await);
+    let elector = |proxy_url: String, who: &'static str| {
+        let table = table.clone();
+        let key = key.clone();
+        async move {
+            let store = store_at(&proxy_url, &table).await;
+            Elector::builder(Arc::new(store), key)
+                .timing(timing())
+                .holder_id(HolderId::new(who).unwrap())
+                .build()
+                .unwrap()
+                .spawn()
+        }
+    };
+    let leader = elector(pl.url.clone(), "leader").await;
+    let term = tokio::time::timeout(Duration::from_secs(5), leader.wait_for_term())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(term);
+    let follower = elector(pf.url.clone(), "follower").await;
+    let mut rx = follower.leadership();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        rx.wait_for(|l| matches!(l, leader_core::Leadership::Follower { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    pl.reset_counts();
+    pf.reset_counts();
+    // Three ttls, reported per ttl, to smooth the follower's jittered polling.
+    const TTLS: u64 = 3;
+    let ttl = timing().ttl;
+    tokio::time::sleep(ttl * TTLS as u32).await;
+    let (l, f) = (pl.counts(), pf.counts());
+    let per_ttl = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(op, n)| format!("{op}: {:.1}", *n as f64 / TTLS as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!(
+        "requests per ttl ({ttl:?}, averaged over {TTLS}): leader {{{}}}, follower {{{}}}",
+        per_ttl(&l),
+        per_ttl(&f)
+    );
+    assert!(leader.current().is_leader());
+    let get =
+        |m: &std::collections::BTreeMap<String, u64>, op: &str| m.get(op).copied().unwrap_or(0);
+    // Leader: one UpdateItem per renew (ttl / renew_every = 3 per ttl), no reads.
+    assert!((7..=11).contains(&get(&l, "UpdateItem")), "{l:?}");
+    assert_eq!(l.len(), 1, "{l:?}");
+    // Follower: one consistent GetItem per poll (every 0.8 to 1 x retry_every = ttl / 5), no
+    // writes.
+    assert!((11..=22).contains(&get(&f, "GetItem")), "{f:?}");
+    assert_eq!(f.len(), 1, "{f:?}");
+    follower.shutdown().await;
+    leader.shutdown().await;
+}
+
+/// `from_env` reaches the emulator through `AWS_ENDPOINT_URL` and the environment's
+/// credentials, with the same HTTPS-capable client a deployment uses.
+#[cfg(feature = "from-env")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_env_honours_aws_endpoint_url() {
+    let url = moto_url().await;
+    let from_env = std::env::var("AWS_ENDPOINT_URL").ok();
+    if from_env.is_none() && std::env::var(integration_tests::REQUIRED_VAR).as_deref() != Ok("1") {
+        // The emulator came from Docker: there is no environment to read.
+        eprintln!("SKIPPED: AWS_ENDPOINT_URL is not set");
+        return;
+    }
+    assert_eq!(from_env.as_deref(), Some(url.as_str()));
+    let store = DynamoBuilder::from_env()
+        .await
+        .with_table(table())
+        .with_request_timeout(timing().request_timeout)
+        .with_create_table_if_missing(true)
+        .build()
+        .await
+        .unwrap();
+    let backend: Arc<dyn LeaseBackend> = Arc::new(store);
+    let mut a = client(&backend, &LeaseKey::new("env").unwrap(), "a");
+    acquire(&mut a).await;
+    assert!(a.release().await.unwrap());
+}

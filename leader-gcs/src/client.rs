@@ -1,0 +1,689 @@
+//! The calls to GCS: `read_object` and `write_object` (a multipart upload with
+//! `ifGenerationMatch`), with our own bounded retries, and the lease and fencing logic on top.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use google_cloud_storage::Error as SdkError;
+use google_cloud_storage::client::Storage;
+use google_cloud_storage::stub::{DefaultStorage, Storage as Stub};
+use leader_core::{
+    ConfigError, Error, Expected, Fence, FencedObject, FencedStore, FencingToken, LeaseBackend,
+    LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
+};
+use tokio::time::{Instant, sleep, timeout};
+use tracing::debug;
+
+use crate::builder::GcsBuilder;
+use crate::error::{Class, Request, after_ambiguous, bucket_missing, map_error, timed_out};
+
+/// GCS accepts about one write per second to one object name.
+pub const MIN_RENEW_EVERY: Duration = Duration::from_secs(1);
+
+/// The first line of a protected object: the fence, then the value.
+const FENCE_HEADER: &[u8] = b"leader-fence:";
+/// Rounds of read-then-write a fenced write tries when another writer changes the object.
+const FENCED_ROUNDS: usize = 4;
+/// Backoff between attempts of one call: doubles from the first, capped.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+const MAX_BACKOFF: Duration = Duration::from_millis(400);
+
+/// Leases and fenced objects in one GCS bucket.
+///
+/// Each lease key is one object, `<prefix><key>`, whose body is the record's JSON and whose
+/// generation is the revision. Protected objects are `<prefix>objects/<name>`. See the crate
+/// docs for the fencing-token scheme and the retry rules.
+///
+/// The type parameter is the SDK's transport; only tests replace it (with a mock stub).
+#[derive(Clone)]
+pub struct GcsStore<S: Stub + 'static = DefaultStorage> {
+    storage: Storage<S>,
+    bucket: String,
+    bucket_path: String,
+    prefix: String,
+    request_timeout: Duration,
+}
+
+impl<S: Stub + 'static> fmt::Debug for GcsStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcsStore")
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The answer to a conditional upload.
+enum Put {
+    Written(i64),
+    PreconditionFailed,
+}
+
+impl GcsStore {
+    /// A builder for leases in `bucket`; see [`GcsBuilder`].
+    pub fn builder(bucket: impl Into<String>) -> GcsBuilder {
+        GcsBuilder::new(bucket)
+    }
+}
+
+impl<S: Stub + 'static> GcsStore<S> {
+    pub(crate) fn new(
+        storage: Storage<S>,
+        bucket: String,
+        prefix: String,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            storage,
+            bucket_path: format!("projects/_/buckets/{bucket}"),
+            bucket,
+            prefix,
+            request_timeout,
+        }
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The request timeout every call keeps, retries included.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The name of the object that holds `key`'s lease record.
+    pub fn lease_object(&self, key: &LeaseKey) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// The name of the GCS object behind a protected object.
+    pub fn fenced_object(&self, object: &ObjectName) -> String {
+        format!("{}objects/{object}", self.prefix)
+    }
+
+    fn request<'a>(&'a self, object: &'a str, write: bool) -> Request<'a> {
+        Request {
+            write,
+            bucket: &self.bucket,
+            object,
+        }
+    }
+
+    /// Sleeps before another attempt if the deadline leaves room for it.
+    async fn backoff(&self, attempt: &mut u32, deadline: Instant) -> bool {
+        let delay = FIRST_BACKOFF
+            .saturating_mul(1 << (*attempt).min(8))
+            .min(MAX_BACKOFF);
+        if Instant::now() + delay >= deadline {
+            return false;
+        }
+        *attempt += 1;
+        sleep(delay).await;
+        true
+    }
+
+    async fn get_once(&self, object: &str) -> Result<(Vec<u8>, i64), SdkError> {
+        let mut response = self
+            .storage
+            .read_object(&self.bucket_path, object)
+            .send()
+            .await?;
+        let generation = response.object().generation;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.next().await.transpose()? {
+            body.extend_from_slice(&chunk);
+        }
+        Ok((body, generation))
+    }
+
+    /// Reads an object's body and generation; `None` if it does not exist. Retries
+    /// throttling and transient failures within the request timeout.
+    async fn get(&self, object: &str) -> Result<Option<(Vec<u8>, i64)>, Error> {
+        let request = self.request(object, false);
+        let deadline = Instant::now() + self.request_timeout;
+        let mut attempt = 0;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let error = match timeout(remaining, self.get_once(object)).await {
+                Err(_) => return Err(timed_out(request, self.request_timeout)),
+                Ok(Ok(found)) => return Ok(Some(found)),
+                Ok(Err(error)) => error,
+            };
+            let class = Class::of(&error);
+            if class == Class::NotFound && !bucket_missing(&error) {
+                return Ok(None);
+            }
+            if !class.is_retryable() || !self.backoff(&mut attempt, deadline).await {
+                return Err(map_error(error, request));
+            }
+            debug!(object, ?class, "retrying a read");
+        }
+    }
+
+    /// Uploads `body` if the object's generation is `if_generation` (0: absent).
+    ///
+    /// Throttling and failures before sending are retried; a failure that may have applied
+    /// the write (5xx, a lost connection) is retried too, but a precondition failure after it
+    /// is [`Error::Indeterminate`], never a conflict, since the first attempt may have landed.
+    async fn put(&self, object: &str, body: Bytes, if_generation: i64) -> Result<Put, Error> {
+        let request = self.request(object, true);
+        let deadline = Instant::now() + self.request_timeout;
+        let mut attempt = 0;
+        let mut maybe_applied = false;
+        // Sent up front in the metadata part: the SDK otherwise appends the checksum as a
+        // third multipart part, which fake-gcs-server stores as part of the body.
+        let crc = crc32c::crc32c(&body);
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let upload = self
+                .storage
+                .write_object(&self.bucket_path, object, body.clone())
+                .set_if_generation_match(if_generation)
+                .set_content_type("application/octet-stream")
+                .with_known_crc32c(crc)
+                .with_idempotency(false)
+                .send_unbuffered();
+            let error = match timeout(remaining, upload).await {
+                Err(_) => return Err(timed_out(request, self.request_timeout)),
+                Ok(Ok(written)) => return Ok(Put::Written(written.generation)),
+                Ok(Err(error)) => error,
+            };
+            let class = Class::of(&error);
+            match class {
+                Class::PreconditionFailed if !maybe_applied => return Ok(Put::PreconditionFailed),
+                Class::MaybeApplied => maybe_applied = true,
+                _ => {}
+            }
+            if !class.is_retryable() || !self.backoff(&mut attempt, deadline).await {
+                let error = map_error(error, request);
+                return Err(if maybe_applied {
+                    after_ambiguous(error, request)
+                } else {
+                    error
+                });
+            }
+            debug!(object, ?class, "retrying a write");
+        }
+    }
+
+    async fn put_record(
+        &self,
+        object: &str,
+        record: LeaseRecord,
+        if_generation: i64,
+    ) -> Result<WriteOutcome, Error> {
+        let body = Bytes::from(record.to_json());
+        Ok(match self.put(object, body, if_generation).await? {
+            Put::Written(generation) => WriteOutcome::Written(Stored {
+                record,
+                revision: revision(generation),
+            }),
+            Put::PreconditionFailed => WriteOutcome::Conflict { current: None },
+        })
+    }
+
+    /// Creates a lease record where there is none, in two writes, so that the token is raised
+    /// above the generation of the first: a released placeholder (`ifGenerationMatch=0`),
+    /// then the held record on the placeholder's generation.
+    async fn create(&self, object: &str, record: LeaseRecord) -> Result<WriteOutcome, Error> {
+        let mut placeholder = record.clone();
+        placeholder.state = LeaseState::Released;
+        placeholder.nonce = WriteNonce(!record.nonce.0);
+        let first = match self.put_record(object, placeholder, 0).await? {
+            WriteOutcome::Written(stored) => stored,
+            conflict @ WriteOutcome::Conflict { .. } => return Ok(conflict),
+        };
+        let generation = generation_of(&first.revision).unwrap_or(0);
+        let mut record = record;
+        record.token = raise(record.token, generation);
+        // The placeholder is written: from here on any failure leaves the record changed, so
+        // the core must re-read (it finds a released record and acquires it at once).
+        self.put_record(object, record, generation)
+            .await
+            .map_err(|e| after_ambiguous(e, self.request(object, true)))
+    }
+}
+
+fn revision(generation: i64) -> Revision {
+    Revision::new(generation.to_string())
+}
+
+fn generation_of(revision: &Revision) -> Option<i64> {
+    revision.as_str().parse().ok().filter(|g: &i64| *g > 0)
+}
+
+/// The token of a new term begun on an object at `generation`: above the proposal and above
+/// the generation. GCS generations are microsecond timestamps, so every term's token is at
+/// most the generation of the write that began it, and a recreated object (with a later
+/// generation) still yields tokens above every earlier one.
+fn raise(proposed: FencingToken, generation: i64) -> FencingToken {
+    let floor = u64::try_from(generation).unwrap_or(0).saturating_add(1);
+    proposed.max(FencingToken(floor))
+}
+
+fn encode_fenced(token: FencingToken, value: &[u8]) -> Bytes {
+    let mut body = FENCE_HEADER.to_vec();
+    body.extend_from_slice(format!("{token}\n").as_bytes());
+    body.extend_from_slice(value);
+    Bytes::from(body)
+}
+
+fn decode_fenced(label: &str, body: &[u8], generation: i64) -> Result<FencedObject, Error> {
+    let malformed = |detail: &str| Error::MalformedRecord {
+        key: label.to_owned(),
+        detail: detail.to_owned(),
+    };
+    let rest = body.strip_prefix(FENCE_HEADER).ok_or_else(|| {
+        malformed("it does not start with a fence line; it was not written by a fenced write")
+    })?;
+    let end = rest
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| malformed("the fence line has no end"))?;
+    let fence = std::str::from_utf8(&rest[..end])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| malformed("the fence is not a number"))?;
+    Ok(FencedObject {
+        fence: FencingToken(fence),
+        value: rest[end + 1..].to_vec(),
+        revision: revision(generation),
+    })
+}
+
+#[async_trait]
+impl<S: Stub + 'static> LeaseBackend for GcsStore<S> {
+    /// GCS allows about one write per second to an object: `renew_every` must be at least
+    /// 1 s, and the elector's request timeout must leave room for this store's.
+    fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
+        if timing.renew_every < MIN_RENEW_EVERY {
+            return Err(ConfigError::Unsupported {
+                backend: "gcs",
+                reason: format!(
+                    "renew_every {:?} is below 1 s; GCS accepts about one write per second to an object",
+                    timing.renew_every
+                ),
+            });
+        }
+        if timing.request_timeout < self.request_timeout {
+            return Err(ConfigError::Unsupported {
+                backend: "gcs",
+                reason: format!(
+                    "the store's request timeout {:?} exceeds the elector's {:?}; lower it with GcsBuilder::with_request_timeout",
+                    self.request_timeout, timing.request_timeout
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the object of `key`.
+    ///
+    /// # Errors
+    /// [`Error::MalformedRecord`] naming the key, bucket and object if the body is not a lease
+    /// record; [`Error::NotFound`] if the bucket is missing (on GCS; an emulator may only tell
+    /// on the first write); [`Error::Timeout`] after the request timeout; any other [`Error`]
+    /// for a store failure.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read changes nothing.
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        let object = self.lease_object(key);
+        let Some((body, generation)) = self.get(&object).await? else {
+            return Ok(None);
+        };
+        let label = format!("{key} (gs://{}/{object})", self.bucket);
+        let record = LeaseRecord::from_json(&label, &body)?;
+        Ok(Some(Stored {
+            record,
+            revision: revision(generation),
+        }))
+    }
+
+    /// Uploads the record with `ifGenerationMatch` (0 for an absent object). An acquire on an
+    /// existing object raises the token above the observed generation; an acquire of an
+    /// absent object first writes a released placeholder (see the crate docs).
+    ///
+    /// # Errors
+    /// [`Error::Indeterminate`] if the write may have landed (no answer within the request
+    /// timeout, a lost connection or 5xx, a 412 after such a failure); [`Error::NotFound`] if
+    /// the bucket is missing; any other [`Error`] means nothing was written.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a cancelled write may still be applied. Treat it as indeterminate.
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let object = self.lease_object(&request.key);
+        let mut record = request.record;
+        match request.expected {
+            Expected::Absent if request.kind == WriteKind::Acquire => {
+                self.create(&object, record).await
+            }
+            Expected::Absent => self.put_record(&object, record, 0).await,
+            Expected::Revision(expected) => {
+                let Some(generation) = generation_of(&expected) else {
+                    // Not a generation of ours: the object cannot be at that revision.
+                    return Ok(WriteOutcome::Conflict { current: None });
+                };
+                if request.kind == WriteKind::Acquire {
+                    record.token = raise(record.token, generation);
+                }
+                self.put_record(&object, record, generation).await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Stub + 'static> FencedStore for GcsStore<S> {
+    /// Reads the protected object, checks that its fence is at most `fence.token`, and
+    /// uploads `value` with the new fence on the generation it read; if another writer got
+    /// there first, reads again (a few rounds).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] if a higher token has written the object; [`Error::MalformedRecord`]
+    /// if the object was not written by a fenced write; [`Error::Indeterminate`] if the upload
+    /// may have landed; [`Error::Unavailable`] if the object kept changing; any other
+    /// [`Error`] for a store failure.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a cancelled write may still be applied.
+    async fn fenced_write(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        let name = self.fenced_object(object);
+        let label = format!("{object} (gs://{}/{name})", self.bucket);
+        let body = encode_fenced(fence.token, value);
+        for _ in 0..FENCED_ROUNDS {
+            let if_generation = match self.get(&name).await? {
+                Some((current, generation)) => {
+                    let current = decode_fenced(&label, &current, generation)?;
+                    if current.fence > fence.token {
+                        return Err(Error::Fenced {
+                            object: object.to_string(),
+                            presented: fence.token,
+                            highest: Some(current.fence),
+                        });
+                    }
+                    generation
+                }
+                None => 0,
+            };
+            if let Put::Written(generation) = self.put(&name, body.clone(), if_generation).await? {
+                return Ok(FencedObject {
+                    fence: fence.token,
+                    value: value.to_vec(),
+                    revision: revision(generation),
+                });
+            }
+        }
+        Err(Error::unavailable(format!(
+            "{label} changed under {FENCED_ROUNDS} fenced writes in a row; try again"
+        )))
+    }
+
+    /// Reads a protected object.
+    ///
+    /// # Errors
+    /// [`Error::MalformedRecord`] naming the bucket and object if it was not written by a
+    /// fenced write; any other [`Error`] for a store failure.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        let name = self.fenced_object(object);
+        let label = format!("{object} (gs://{}/{name})", self.bucket);
+        self.get(&name)
+            .await?
+            .map(|(body, generation)| decode_fenced(&label, &body, generation))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use google_cloud_storage::model::{Object, ReadObjectRequest};
+    use google_cloud_storage::model_ext::{ObjectHighlights, WriteObjectRequest};
+    use google_cloud_storage::read_object::ReadObjectResponse;
+    use google_cloud_storage::request_options::RequestOptions;
+    use google_cloud_storage::streaming_source::{Seek, StreamingSource};
+    use leader_core::ErrorKind;
+
+    /// One scripted answer of the mock transport.
+    #[derive(Clone, Debug)]
+    enum Reply {
+        /// Success: the object's generation (and, for reads, this body).
+        Ok(i64),
+        /// An HTTP error status with a body.
+        Status(u16, &'static str),
+        /// The connection broke after the request was sent.
+        Broken,
+        /// The connection could not be made.
+        Refused,
+        /// No answer, ever.
+        Hang,
+    }
+
+    #[derive(Debug, Default)]
+    struct Scripted {
+        replies: Mutex<VecDeque<Reply>>,
+        /// Answer given once the script is exhausted.
+        then: Option<Reply>,
+        calls: AtomicUsize,
+    }
+
+    impl Scripted {
+        fn new(replies: &[Reply], then: Option<Reply>) -> Self {
+            Self {
+                replies: Mutex::new(replies.iter().cloned().collect()),
+                then,
+                calls: AtomicUsize::new(0),
+            }
+        }
+
+        fn next(&self) -> Reply {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let next = self.replies.lock().unwrap().pop_front();
+            next.or_else(|| self.then.clone())
+                .expect("the script ran out of replies")
+        }
+    }
+
+    async fn answer(reply: Reply) -> Result<i64, SdkError> {
+        match reply {
+            Reply::Ok(generation) => Ok(generation),
+            Reply::Status(status, body) => Err(SdkError::http(
+                status,
+                http::HeaderMap::new(),
+                Bytes::from_static(body.as_bytes()),
+            )),
+            Reply::Broken => Err(SdkError::io(std::io::Error::other("connection reset"))),
+            Reply::Refused => Err(SdkError::connect(std::io::Error::other("refused"))),
+            Reply::Hang => std::future::pending().await,
+        }
+    }
+
+    impl Stub for Scripted {
+        fn read_object(
+            &self,
+            _req: ReadObjectRequest,
+            _options: RequestOptions,
+        ) -> impl Future<Output = google_cloud_storage::Result<ReadObjectResponse>> + Send {
+            let reply = self.next();
+            async move {
+                let generation = answer(reply).await?;
+                let mut object = ObjectHighlights::default();
+                object.generation = generation;
+                Ok(ReadObjectResponse::from_source(object, "body"))
+            }
+        }
+
+        fn write_object_unbuffered<P>(
+            &self,
+            _payload: P,
+            _req: WriteObjectRequest,
+            _options: RequestOptions,
+        ) -> impl Future<Output = google_cloud_storage::Result<Object>> + Send
+        where
+            P: StreamingSource + Seek + Send + Sync + 'static,
+        {
+            let reply = self.next();
+            async move { Ok(Object::new().set_generation(answer(reply).await?)) }
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_millis(300);
+
+    fn store(replies: &[Reply], then: Option<Reply>) -> (GcsStore<Scripted>, Arc<Scripted>) {
+        let stub = Arc::new(Scripted::new(replies, then));
+        let storage = Storage::from_stub(stub.clone());
+        let store = GcsStore::new(storage, "b1c".into(), "p/".into(), TIMEOUT);
+        (store, stub)
+    }
+
+    async fn put(replies: &[Reply], then: Option<Reply>) -> (Result<Put, Error>, usize, Duration) {
+        let (store, stub) = store(replies, then);
+        let started = Instant::now();
+        let result = store.put("p/k", Bytes::from_static(b"x"), 5).await;
+        (result, stub.calls.load(Ordering::SeqCst), started.elapsed())
+    }
+
+    #[tokio::test]
+    async fn throttled_and_unsent_writes_are_retried() {
+        let (r, calls, _) = put(&[Reply::Status(429, ""), Reply::Ok(7)], None).await;
+        assert!(matches!(r, Ok(Put::Written(7))) && calls == 2);
+        let (r, calls, _) = put(
+            &[Reply::Refused, Reply::Status(503, ""), Reply::Ok(8)],
+            None,
+        )
+        .await;
+        assert!(matches!(r, Ok(Put::Written(8))) && calls == 3);
+    }
+
+    #[tokio::test]
+    async fn a_precondition_failure_is_a_conflict_only_if_no_attempt_may_have_landed() {
+        let (r, calls, _) = put(&[Reply::Status(412, "")], None).await;
+        assert!(matches!(r, Ok(Put::PreconditionFailed)) && calls == 1);
+        // Throttled or refused attempts were not applied: a later 412 is still a conflict.
+        let (r, _, _) = put(
+            &[
+                Reply::Status(429, ""),
+                Reply::Refused,
+                Reply::Status(412, ""),
+            ],
+            None,
+        )
+        .await;
+        assert!(matches!(r, Ok(Put::PreconditionFailed)));
+        // After a broken connection or a 5xx the first attempt may have landed.
+        for first in [
+            Reply::Broken,
+            Reply::Status(503, ""),
+            Reply::Status(500, ""),
+        ] {
+            let (r, calls, _) = put(&[first.clone(), Reply::Status(412, "")], None).await;
+            let err = r.err().unwrap();
+            assert_eq!(err.kind(), ErrorKind::Indeterminate, "{first:?}: {err}");
+            assert_eq!(calls, 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_stop_at_the_request_timeout() {
+        let slack = Duration::from_millis(150);
+        // Ambiguous failures until the deadline: indeterminate.
+        let (r, calls, took) = put(&[], Some(Reply::Status(503, ""))).await;
+        assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
+        assert!(
+            calls > 2 && took < TIMEOUT + slack,
+            "{calls} calls in {took:?}"
+        );
+        // Throttled until the deadline: nothing was written, so it says throttled.
+        let (r, _, took) = put(&[], Some(Reply::Status(429, ""))).await;
+        assert_eq!(r.err().unwrap().kind(), ErrorKind::Throttled);
+        assert!(took < TIMEOUT + slack, "{took:?}");
+        // Throttled, then ambiguous, then throttled: the outcome is still unknown.
+        let (r, _, _) = put(&[Reply::Status(503, "")], Some(Reply::Status(429, ""))).await;
+        assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
+        // No answer at all: indeterminate, at the timeout.
+        let (r, calls, took) = put(&[Reply::Hang], None).await;
+        assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
+        assert!(calls == 1 && took < TIMEOUT + slack, "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn permanent_write_failures_are_not_retried() {
+        for (status, kind) in [
+            (403, ErrorKind::PermissionDenied),
+            (401, ErrorKind::Unauthenticated),
+            (404, ErrorKind::NotFound),
+            (400, ErrorKind::Backend),
+        ] {
+            let (r, calls, _) = put(&[Reply::Status(status, "")], Some(Reply::Ok(1))).await;
+            assert_eq!(r.err().unwrap().kind(), kind, "{status}");
+            assert_eq!(calls, 1, "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn reads_retry_transient_failures_and_tell_absence_from_a_missing_bucket() {
+        let key = LeaseKey::new("k").unwrap();
+        let (s, stub) = store(&[Reply::Status(503, ""), Reply::Broken, Reply::Ok(3)], None);
+        let err = s.read(&key).await.unwrap_err();
+        // The mock's body is not a record: the error names the key, bucket and object.
+        assert!(err.to_string().contains("k (gs://b1c/p/k)"), "{err}");
+        assert_eq!(stub.calls.load(Ordering::SeqCst), 3);
+
+        let (s, _) = store(&[Reply::Status(404, "No such object: b1c/p/k")], None);
+        assert!(s.read(&key).await.unwrap().is_none());
+        let (s, _) = store(
+            &[Reply::Status(404, "The specified bucket does not exist.")],
+            None,
+        );
+        assert_eq!(s.read(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
+        let (s, _) = store(&[Reply::Hang], None);
+        assert_eq!(s.read(&key).await.unwrap_err().kind(), ErrorKind::Timeout);
+    }
+
+    #[test]
+    fn tokens_are_raised_above_the_generation_only() {
+        assert_eq!(raise(FencingToken(5), 1_000), FencingToken(1_001));
+        assert_eq!(raise(FencingToken(5_000), 1_000), FencingToken(5_000));
+        assert_eq!(raise(FencingToken(5), -1), FencingToken(5));
+        assert_eq!(raise(FencingToken(5), i64::MAX), FencingToken(1 << 63));
+    }
+
+    #[test]
+    fn revisions_are_positive_generations() {
+        assert_eq!(generation_of(&revision(17)), Some(17));
+        assert_eq!(generation_of(&Revision::new("etag")), None);
+        assert_eq!(generation_of(&Revision::new("0")), None);
+    }
+
+    #[test]
+    fn fenced_objects_round_trip_and_damage_is_named() {
+        let body = encode_fenced(FencingToken(42), b"payload\nwith lines");
+        let back = decode_fenced("o (gs://b/o)", &body, 9).unwrap();
+        assert_eq!(back.fence, FencingToken(42));
+        assert_eq!(back.value, b"payload\nwith lines");
+        assert_eq!(back.revision, revision(9));
+        for bad in [&b"plain"[..], b"leader-fence:12", b"leader-fence:x\nv"] {
+            let err = decode_fenced("o (gs://b/o)", bad, 1).unwrap_err();
+            assert!(matches!(err, Error::MalformedRecord { .. }), "{err}");
+            assert!(err.to_string().contains("gs://b/o"), "{err}");
+        }
+    }
+}
