@@ -19,6 +19,8 @@ pub(crate) struct RunArgs {
     /// gs://BUCKET/OBJECT.
     #[arg(long, env = "LEADER_STORE")]
     store: String,
+    #[command(flatten)]
+    store_options: store::StoreOptions,
     /// Lease duration.
     #[arg(long, env = "LEADER_TTL", value_parser = crate::parse_duration, default_value = "15s")]
     ttl: Duration,
@@ -102,7 +104,9 @@ fn metadata(pairs: &[String]) -> Result<Metadata, Exit> {
 pub(crate) async fn run(args: RunArgs) -> Result<u8, Exit> {
     let url = store::parse(&args.store)?;
     let config = |e: leader_core::ConfigError| Exit::new(exit::CONFIG, e.to_string());
-    let (backend, key) = store::open(&url)?;
+    let planned =
+        leader_core::Timing::resolve(args.ttl, args.renew_every, args.retry_every, None, None);
+    let (backend, key) = store::open(&url, &args.store_options, planned.request_timeout).await?;
     let mut builder = Elector::builder(backend.clone(), key.clone())
         .ttl(args.ttl)
         .metadata(metadata(&args.meta)?);

@@ -10,6 +10,8 @@ pub(crate) struct StatusArgs {
     /// Where the lease lives (see `leader run --help`).
     #[arg(long, env = "LEADER_STORE")]
     store: String,
+    #[command(flatten)]
+    store_options: store::StoreOptions,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -17,7 +19,12 @@ pub(crate) struct StatusArgs {
 
 pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
     let url = store::parse(&args.store)?;
-    let (backend, key) = store::open(&url)?;
+    let (backend, key) = store::open(
+        &url,
+        &args.store_options,
+        leader_core::Timing::default().request_timeout,
+    )
+    .await?;
     let current = backend
         .read(&key)
         .await

@@ -2,16 +2,36 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use clap::Args;
 use leader_core::{Error, FileStore, LeaseBackend, LeaseKey};
 
 use crate::{Exit, exit};
+
+/// Options shared by every command that opens a store.
+#[derive(Clone, Debug, Default, Args)]
+pub(crate) struct StoreOptions {
+    /// The store's endpoint (Azurite, a private endpoint); credentials and region still come
+    /// from the cloud's usual environment variables.
+    #[arg(long, env = "LEADER_ENDPOINT")]
+    pub(crate) endpoint: Option<String>,
+    /// Create the container or table if it is missing (off: a missing one is an error).
+    #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
+    pub(crate) create_if_missing: bool,
+}
 
 /// A parsed store URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum StoreUrl {
     /// `file:///dir/KEY`: the record is `dir/KEY.lease`.
     File { dir: PathBuf, key: LeaseKey },
+    /// `azblob://CONTAINER/KEY`.
+    Azure { container: String, key: LeaseKey },
+    /// `dynamodb://TABLE/KEY`.
+    Dynamo { table: String, key: LeaseKey },
+    /// `gs://BUCKET/KEY`.
+    Gcs { bucket: String, key: LeaseKey },
 }
 
 pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
@@ -20,6 +40,15 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
         return Err(usage(
             "expected SCHEME://..., e.g. file:///var/lib/leases/KEY",
         ));
+    };
+    let key_of = |name: &str| LeaseKey::new(name.to_owned()).map_err(|e| usage(&e.to_string()));
+    let place_and_key = || -> Result<(String, LeaseKey), Exit> {
+        match rest.split_once('/') {
+            Some((place, key)) if !place.is_empty() && !key.is_empty() => {
+                Ok((place.to_owned(), key_of(key)?))
+            }
+            _ => Err(usage(&format!("expected {scheme}://PLACE/KEY"))),
+        }
     };
     match scheme {
         "file" => {
@@ -30,15 +59,25 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(usage("the path must end with the lease key"));
             };
-            let key = LeaseKey::new(name.to_string_lossy().into_owned())
-                .map_err(|e| usage(&e.to_string()))?;
             Ok(StoreUrl::File {
                 dir: dir.to_path_buf(),
-                key,
+                key: key_of(&name.to_string_lossy())?,
             })
         }
+        "azblob" if cfg!(feature = "azure") => {
+            let (container, key) = place_and_key()?;
+            Ok(StoreUrl::Azure { container, key })
+        }
+        "dynamodb" if cfg!(feature = "dynamo") => {
+            let (table, key) = place_and_key()?;
+            Ok(StoreUrl::Dynamo { table, key })
+        }
+        "gs" if cfg!(feature = "gcs") => {
+            let (bucket, key) = place_and_key()?;
+            Ok(StoreUrl::Gcs { bucket, key })
+        }
         "azblob" | "dynamodb" | "gs" => Err(usage(&format!(
-            "the {scheme} backend is not compiled into this build of `leader`"
+            "the {scheme} backend is not compiled into this build of `leader` (cargo feature)"
         ))),
         other => Err(usage(&format!(
             "unknown scheme {other:?}; use file://, azblob://, dynamodb:// or gs://"
@@ -46,18 +85,81 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
     }
 }
 
-/// Opens the store (checking that its folder, container, table or bucket exists).
-pub(crate) fn open(url: &StoreUrl) -> Result<(Arc<dyn LeaseBackend>, LeaseKey), Exit> {
+/// Opens the store, checking that its folder, container, table or bucket exists (or creating
+/// it, if asked), with `request_timeout` on every call.
+pub(crate) async fn open(
+    url: &StoreUrl,
+    options: &StoreOptions,
+    request_timeout: Duration,
+) -> Result<(Arc<dyn LeaseBackend>, LeaseKey), Exit> {
+    let _ = request_timeout;
     match url {
         StoreUrl::File { dir, key } => {
-            let store = FileStore::open(dir).map_err(|e| unavailable(&e))?;
+            let store = if options.create_if_missing {
+                FileStore::create(dir)
+            } else {
+                FileStore::open(dir)
+            }
+            .map_err(|e| unavailable(&e))?;
             Ok((Arc::new(store), key.clone()))
         }
+        #[cfg(feature = "azure")]
+        StoreUrl::Azure { container, key } => {
+            let mut b = leader_azure::AzureLeaseStoreBuilder::from_env()
+                .map_err(|e| unavailable(&e))?
+                .with_container(container.clone())
+                .with_request_timeout(request_timeout)
+                .with_create_container_if_missing(options.create_if_missing);
+            if let Some(endpoint) = &options.endpoint {
+                b = b.with_endpoint(endpoint.clone());
+            }
+            let store = b.build().map_err(|e| unavailable(&e))?;
+            store
+                .ensure_container()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            Ok((Arc::new(store), key.clone()))
+        }
+        #[cfg(feature = "dynamo")]
+        StoreUrl::Dynamo { table, key } => {
+            let mut b = leader_dynamo::DynamoBuilder::from_env().await;
+            if let Some(endpoint) = &options.endpoint {
+                b = b.with_emulator(endpoint);
+            }
+            let store = b
+                .with_table(table.clone())
+                .with_request_timeout(request_timeout)
+                .with_create_table_if_missing(options.create_if_missing)
+                .build()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            Ok((Arc::new(store), key.clone()))
+        }
+        #[cfg(feature = "gcs")]
+        StoreUrl::Gcs { bucket, key } => {
+            let mut b = leader_gcs::GcsBuilder::from_env()
+                .with_bucket(bucket.clone())
+                .with_request_timeout(request_timeout);
+            if let Some(endpoint) = &options.endpoint {
+                b = b.emulator(endpoint.clone());
+            }
+            let store = b.build().await.map_err(|e| unavailable(&e))?;
+            Ok((Arc::new(store), key.clone()))
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(Exit::new(
+            exit::USAGE,
+            "this backend is not compiled into this build of `leader`",
+        )),
     }
 }
 
 pub(crate) fn unavailable(e: &Error) -> Exit {
-    Exit::new(exit::UNAVAILABLE, e.to_string())
+    let code = match e.kind() {
+        leader_core::ErrorKind::InvalidConfig => exit::CONFIG,
+        _ => exit::UNAVAILABLE,
+    };
+    Exit::new(code, e.to_string())
 }
 
 #[cfg(test)]
@@ -73,11 +175,24 @@ mod tests {
                 key: LeaseKey::new("jobs").unwrap()
             }
         );
+        assert_eq!(
+            parse("dynamodb://leases/jobs").unwrap(),
+            StoreUrl::Dynamo {
+                table: "leases".into(),
+                key: LeaseKey::new("jobs").unwrap()
+            }
+        );
+        assert!(matches!(
+            parse("azblob://c/k").unwrap(),
+            StoreUrl::Azure { .. }
+        ));
+        assert!(matches!(parse("gs://b/k").unwrap(), StoreUrl::Gcs { .. }));
         for bad in [
             "file://relative/jobs",
             "/no/scheme",
             "ftp://x/y",
-            "azblob://c/b",
+            "gs://bucket-only",
+            "dynamodb:///key",
             "file:///var/lib/bad key",
         ] {
             let e = parse(bad).unwrap_err();
@@ -88,12 +203,6 @@ mod tests {
                 .unwrap_err()
                 .message
                 .contains("unknown scheme")
-        );
-        assert!(
-            parse("gs://b/o")
-                .unwrap_err()
-                .message
-                .contains("not compiled")
         );
     }
 }

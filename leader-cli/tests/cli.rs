@@ -135,7 +135,7 @@ fn exit_codes() {
         64
     );
     assert_eq!(
-        run_to_end(&["run", "--store", "gs://bucket/obj", "--", "true"]),
+        run_to_end(&["run", "--store", "gs://bucket-only", "--", "true"]),
         64
     );
     assert_eq!(run_to_end(&["run", "--store", &store]), 64, "no command");

@@ -43,6 +43,33 @@ impl Timing {
         }
     }
 
+    /// [`Timing::from_ttl`] with the given settings in place of the defaults. A request
+    /// timeout given without a margin moves the default margin to the larger of `ttl / 10`
+    /// and twice that timeout.
+    pub fn resolve(
+        ttl: Duration,
+        renew_every: Option<Duration>,
+        retry_every: Option<Duration>,
+        margin: Option<Duration>,
+        request_timeout: Option<Duration>,
+    ) -> Self {
+        let mut t = Self::from_ttl(ttl);
+        if let Some(d) = request_timeout {
+            t.request_timeout = d;
+            t.margin = (ttl / 10).max(d.saturating_mul(2));
+        }
+        if let Some(d) = renew_every {
+            t.renew_every = d;
+        }
+        if let Some(d) = retry_every {
+            t.retry_every = d;
+        }
+        if let Some(d) = margin {
+            t.margin = d;
+        }
+        t
+    }
+
     /// Checks the timing rules; the first violated rule is returned.
     ///
     /// # Errors

@@ -174,21 +174,13 @@ impl ElectorBuilder {
 
     /// The timing these settings give.
     pub fn resolved_timing(&self) -> Timing {
-        let mut t = Timing::from_ttl(self.ttl);
-        if let Some(d) = self.request_timeout {
-            t.request_timeout = d;
-            t.margin = (self.ttl / 10).max(d * 2);
-        }
-        if let Some(d) = self.renew_every {
-            t.renew_every = d;
-        }
-        if let Some(d) = self.retry_every {
-            t.retry_every = d;
-        }
-        if let Some(d) = self.margin {
-            t.margin = d;
-        }
-        t
+        Timing::resolve(
+            self.ttl,
+            self.renew_every,
+            self.retry_every,
+            self.margin,
+            self.request_timeout,
+        )
     }
 
     /// Validates the settings and builds the elector.
