@@ -13,7 +13,7 @@ pub(crate) struct StatusArgs {
     #[command(flatten)]
     store_options: store::StoreOptions,
     /// Print one JSON object.
-    #[arg(long)]
+    #[arg(long, env = "LEADER_JSON")]
     json: bool,
 }
 

@@ -364,3 +364,20 @@ fn a_frozen_leaders_child_is_stopped_at_the_deadline_before_anyone_takes_over() 
     signal(&b, Signal::SIGTERM);
     assert_eq!(exit_code(&mut b, Duration::from_secs(5)), 128 + 15);
 }
+
+#[test]
+fn supervise_runs_the_command_again_in_a_later_term() {
+    let dir = Dir::new();
+    // The command exits at once; with --supervise, `leader` releases, sits out one ttl, and
+    // campaigns again (nobody else does), so the command runs again with a higher token.
+    let mut a = candidate(&dir, "a", &["--supervise"], "exit 0");
+    wait_for("two runs", Duration::from_secs(10), || {
+        dir.lines("starts").len() >= 2
+    });
+    let starts = dir.lines("starts");
+    let (_, t1, _) = parse(&starts[0]);
+    let (_, t2, _) = parse(&starts[1]);
+    assert!(t2 > t1, "{starts:?}");
+    signal(&a, Signal::SIGTERM);
+    assert_eq!(exit_code(&mut a, Duration::from_secs(5)), 128 + 15);
+}
