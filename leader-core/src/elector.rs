@@ -693,10 +693,11 @@ impl Driver {
                 }
                 _ = sleep_until(next_renew) => {}
             }
-            let mut backoff = Backoff::new(
-                self.real(self.timing.request_timeout) / 4,
-                self.real(self.timing.renew_every) / 2,
-            );
+            // The renew is the leader's lifeline: retry often (at most half a request timeout
+            // apart), so that a store throttling a share of requests does not cost the term;
+            // every attempt is bounded by the deadline anyway.
+            let rt = self.real(self.timing.request_timeout);
+            let mut backoff = Backoff::new(rt / 8, rt / 2);
             let mut attempts = 0u32;
             loop {
                 attempts += 1;

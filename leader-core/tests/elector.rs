@@ -399,3 +399,26 @@ fn each_timing_rule_has_its_own_error() {
     assert_eq!(t.margin, Duration::from_secs(4));
     assert!(t.validate().is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failing_30_percent_of_requests_costs_no_term_with_default_timing() {
+    let control = FaultControl::new();
+    control.update(|f: &mut Faults| {
+        f.fail_before = 0.3;
+        f.latency = Duration::from_millis(50);
+    });
+    let store = Arc::new(FaultyStore::new(MemoryStore::new(), 11, vec![control]));
+    let a = Elector::builder(store, key())
+        .holder_id(HolderId::new("a").unwrap())
+        .jitter_seed(3)
+        .build()
+        .unwrap()
+        .spawn();
+    let term = a.wait_for_term().await.unwrap();
+    // Ten minutes: 120 renew cycles, each retried until it goes through.
+    tokio::select! {
+        _ = term.cancelled() => panic!("stepped down under 30 % failures"),
+        _ = sleep(Duration::from_secs(600)) => {}
+    }
+    assert!(term.is_valid());
+}
