@@ -17,6 +17,7 @@
 //! API uploads with generation preconditions.
 
 pub mod azure;
+pub mod chaos;
 pub mod dynamodb;
 pub mod gcs;
 pub mod proxy;

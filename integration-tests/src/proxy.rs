@@ -196,6 +196,7 @@ async fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
     let mut lines = head.split("\r\n");
     let request_line = lines.next()?;
     let mut content_length = 0usize;
+    let mut chunked = false;
     let mut out = format!("{request_line}\r\n");
     for line in lines.filter(|l| !l.is_empty()) {
         let (name, value) = line.split_once(':')?;
@@ -204,8 +205,13 @@ async fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
             continue;
         }
         if name_l == "transfer-encoding" {
-            // Chunked request bodies are not used by the clients under test.
-            return None;
+            // A chunked body (the GCS client's uploads) is forwarded de-chunked, with a
+            // Content-Length, so that the upstream sees one plain request.
+            if !value.trim().eq_ignore_ascii_case("chunked") {
+                return None;
+            }
+            chunked = true;
+            continue;
         }
         if name_l == "content-length" {
             content_length = value.trim().parse().ok()?;
@@ -213,8 +219,16 @@ async fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
         out.push_str(line);
         out.push_str("\r\n");
     }
-    out.push_str("Connection: close\r\n\r\n");
     let mut body = buf[head_end..].to_vec();
+    if chunked {
+        let body = read_chunked(conn, body).await?;
+        out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        out.push_str("Connection: close\r\n\r\n");
+        let mut request = out.into_bytes();
+        request.extend_from_slice(&body);
+        return Some(request);
+    }
+    out.push_str("Connection: close\r\n\r\n");
     while body.len() < content_length {
         let mut chunk = vec![0u8; (content_length - body.len()).min(64 * 1024)];
         let n = conn.read(&mut chunk).await.ok()?;
@@ -226,6 +240,55 @@ async fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
     let mut request = out.into_bytes();
     request.extend_from_slice(&body);
     Some(request)
+}
+
+/// Reads the rest of a chunked body (`pending` holds what was read after the head) and returns
+/// it de-chunked; trailers are dropped.
+async fn read_chunked(conn: &mut TcpStream, mut pending: Vec<u8>) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        // The size line.
+        let line_end = loop {
+            if let Some(i) = pending.windows(2).position(|w| w == b"\r\n") {
+                break i;
+            }
+            if pending.len() > MAX_HEAD {
+                return None;
+            }
+            fill(conn, &mut pending).await?;
+        };
+        let line = std::str::from_utf8(&pending[..line_end]).ok()?;
+        let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        pending.drain(..line_end + 2);
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                if let Some(i) = pending.windows(2).position(|w| w == b"\r\n") {
+                    if i == 0 {
+                        return Some(body);
+                    }
+                    pending.drain(..i + 2);
+                    continue;
+                }
+                fill(conn, &mut pending).await?;
+            }
+        }
+        while pending.len() < size + 2 {
+            fill(conn, &mut pending).await?;
+        }
+        body.extend_from_slice(&pending[..size]);
+        pending.drain(..size + 2);
+    }
+}
+
+async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+    let mut chunk = [0u8; 4096];
+    let n = conn.read(&mut chunk).await.ok()?;
+    if n == 0 {
+        return None;
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Some(())
 }
 
 async fn handle(mut conn: TcpStream, shared: Arc<Shared>) {

@@ -1,0 +1,238 @@
+//! Chaos drills: real candidate processes, each behind its own [`FaultProxy`](crate::proxy::FaultProxy),
+//! killed, paused, partitioned, stalled and throttled, with an independent check of what they
+//! did.
+//!
+//! - [`candidate`]: the program each candidate process runs (`chaos_candidate`): an
+//!   [`Elector`](leader_core::Elector) on one backend, fenced writes while its term is valid,
+//!   and one JSON [`Event`] per line on stdout, stamped with the host's monotonic clock.
+//! - [`checker`]: reads every candidate's events (and the protected object at the end) and
+//!   lists the violated invariants.
+//! - [`drill`]: the scenarios, one round at a time, and the summary of many rounds.
+
+pub mod candidate;
+pub mod checker;
+pub mod drill;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::{Error, FencedStore, FileStore, LeaseBackend, Timing};
+use serde::{Deserialize, Serialize};
+
+/// The host's monotonic clock (`CLOCK_MONOTONIC`) in microseconds: the same clock in every
+/// process, so that events of different candidates can be compared.
+pub fn mono_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+        let secs = u64::try_from(ts.tv_sec()).unwrap_or(0);
+        let nanos = u64::try_from(ts.tv_nsec()).unwrap_or(0);
+        secs * 1_000_000 + nanos / 1_000
+    })
+}
+
+/// A `tokio` instant (the same monotonic clock on Linux) on the [`mono_us`] scale.
+pub fn instant_us(at: tokio::time::Instant) -> u64 {
+    let now_us = mono_us();
+    let now = tokio::time::Instant::now();
+    if at >= now {
+        now_us.saturating_add(duration_us(at - now))
+    } else {
+        now_us.saturating_sub(duration_us(now - at))
+    }
+}
+
+/// A duration in whole microseconds.
+pub fn duration_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The store a drill runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum BackendKind {
+    /// The local file store (no proxy: it cannot be partitioned or throttled).
+    File,
+    /// Azure Blob Storage on Azurite.
+    Azure,
+    /// DynamoDB on its emulator.
+    Dynamo,
+    /// Google Cloud Storage on fake-gcs-server.
+    Gcs,
+}
+
+impl BackendKind {
+    /// Every backend.
+    pub const ALL: [BackendKind; 4] = [
+        BackendKind::File,
+        BackendKind::Azure,
+        BackendKind::Dynamo,
+        BackendKind::Gcs,
+    ];
+
+    /// The name used on command lines and in summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::File => "file",
+            BackendKind::Azure => "azure",
+            BackendKind::Dynamo => "dynamo",
+            BackendKind::Gcs => "gcs",
+        }
+    }
+
+    /// The backend of a [`name`](Self::name).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The emulator it needs, if any.
+    pub fn emulator(self) -> Option<crate::Emulator> {
+        match self {
+            BackendKind::File => None,
+            BackendKind::Azure => Some(crate::Emulator::Azurite),
+            BackendKind::Dynamo => Some(crate::Emulator::DynamoDb),
+            BackendKind::Gcs => Some(crate::Emulator::Gcs),
+        }
+    }
+
+    /// The shortest timing the store copes with in these drills: Azure grants leases of 15 s at
+    /// least; GCS allows one write per second to an object; the DynamoDB emulator serialises
+    /// requests.
+    pub fn timing(self) -> Timing {
+        match self {
+            BackendKind::File => Timing::from_ttl(Duration::from_secs(2)),
+            BackendKind::Azure => Timing::from_ttl(Duration::from_secs(15)),
+            BackendKind::Dynamo => {
+                let mut t = Timing::from_ttl(Duration::from_millis(2500));
+                t.request_timeout = Duration::from_millis(300);
+                t.margin = Duration::from_millis(600);
+                t.retry_every = Duration::from_millis(500);
+                t
+            }
+            BackendKind::Gcs => {
+                let mut t = Timing::from_ttl(Duration::from_millis(3500));
+                t.renew_every = Duration::from_secs(1);
+                t.retry_every = Duration::from_millis(500);
+                t.request_timeout = Duration::from_millis(600);
+                t.margin = Duration::from_millis(1200);
+                t
+            }
+        }
+    }
+
+    /// Whether it can sit behind a proxy (every backend but the file store).
+    pub fn proxied(self) -> bool {
+        self != BackendKind::File
+    }
+}
+
+/// A store opened both as a lease backend and as a fenced store (the same client).
+pub type OpenedStore = (Arc<dyn LeaseBackend>, Arc<dyn FencedStore>);
+
+/// Opens `kind` at `endpoint` (the emulator's or a proxy's base URL; the directory for the file
+/// store) in `place` (container, table or bucket; ignored by the file store). With `create`,
+/// the container or table is created if missing (buckets are created with
+/// [`GcsClient`](crate::gcs::GcsClient)).
+///
+/// # Errors
+/// The store's error when it cannot be configured or reached.
+pub async fn open_store(
+    kind: BackendKind,
+    endpoint: &str,
+    place: &str,
+    request_timeout: Duration,
+    create: bool,
+) -> Result<OpenedStore, Error> {
+    fn pair<S: LeaseBackend + FencedStore + 'static>(store: S) -> OpenedStore {
+        let store = Arc::new(store);
+        (store.clone(), store)
+    }
+    Ok(match kind {
+        BackendKind::File => pair(if create {
+            FileStore::create(endpoint)?
+        } else {
+            FileStore::open(endpoint)?
+        }),
+        BackendKind::Azure => {
+            let store = leader_azure::AzureLeaseStoreBuilder::emulator(endpoint)
+                .with_container(place)
+                .with_request_timeout(request_timeout)
+                .with_create_container_if_missing(create)
+                .build()?;
+            if create {
+                store.ensure_container().await?;
+            }
+            pair(store)
+        }
+        BackendKind::Dynamo => pair(
+            leader_dynamo::DynamoBuilder::new()
+                .with_emulator(endpoint)
+                .with_table(place)
+                .with_request_timeout(request_timeout)
+                .with_create_table_if_missing(create)
+                .build()
+                .await?,
+        ),
+        BackendKind::Gcs => pair(
+            leader_gcs::GcsBuilder::new(place)
+                .emulator(endpoint)
+                .with_request_timeout(request_timeout)
+                .build()
+                .await?,
+        ),
+    })
+}
+
+/// What a candidate did, one JSON object per line of its stdout. Times are [`mono_us`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// One of the `EV_*` constants.
+    pub ev: String,
+    /// When it was logged (for a write: when its answer came).
+    pub t: u64,
+    /// The candidate's holder id.
+    pub id: String,
+    /// The term's fencing token (0 outside a term).
+    #[serde(default)]
+    pub token: u64,
+    /// The term's deadline as known when logged (0 outside a term).
+    #[serde(default)]
+    pub deadline: u64,
+    /// Writes: the candidate's sequence number of the write.
+    #[serde(default)]
+    pub seq: u64,
+    /// Writes: when the write was decided (after the term was checked valid).
+    #[serde(default)]
+    pub t0: u64,
+    /// Writes: when the write was sent (after the candidate's act delay, in which it may be
+    /// paused: the case fencing is for).
+    #[serde(default)]
+    pub t1: u64,
+    /// Writes: one of the `OUT_*` constants; term ends: why.
+    #[serde(default)]
+    pub outcome: String,
+}
+
+/// The candidate is up and campaigning.
+pub const EV_READY: &str = "ready";
+/// A term began (the candidate acts from now on).
+pub const EV_TERM_STARTED: &str = "term_started";
+/// The term's deadline moved (a renew succeeded).
+pub const EV_RENEWED: &str = "renewed";
+/// A fenced write was answered.
+pub const EV_WRITE: &str = "write";
+/// The term ended; `t` is `min(now, deadline)`.
+pub const EV_TERM_ENDED: &str = "term_ended";
+/// The candidate shut down.
+pub const EV_EXIT: &str = "exit";
+
+/// The write was applied and acknowledged.
+pub const OUT_ACCEPTED: &str = "accepted";
+/// The store rejected the write's token (a newer term exists).
+pub const OUT_FENCED: &str = "fenced";
+/// The outcome is unknown: the write may have been applied.
+pub const OUT_UNKNOWN: &str = "unknown";
+/// The store failed the write without applying it.
+pub const OUT_FAILED: &str = "failed";
+
+/// The protected object's value of one write: `id/token/seq`.
+pub fn write_value(id: &str, token: u64, seq: u64) -> String {
+    format!("{id}/{token}/{seq}")
+}

@@ -1,0 +1,41 @@
+//! Chaos drills on the Gcs backend with real candidate processes (see `integration_tests::chaos`).
+
+mod chaos_support;
+
+use integration_tests::chaos::BackendKind;
+use integration_tests::chaos::drill::Scenario;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Partition).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttle() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Throttle).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn term() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Term).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Lossy).await;
+}
