@@ -215,15 +215,20 @@ async fn sleep_until_opt(at: Option<Instant>) {
 fn write_deadline(control: &Path, deadline: Instant) -> std::io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     let at = monotonic_ns() + left.as_nanos();
-    let tmp = control.join("deadline.tmp");
-    std::fs::write(&tmp, at.to_string())?;
-    std::fs::rename(tmp, deadline_path(control))
+    replace_file(&deadline_path(control), &at.to_string())
 }
 
 fn request_stop(control: &Path, sig: i32) {
-    let tmp = control.join("stop.tmp");
-    let _ = std::fs::write(&tmp, sig.to_string())
-        .and_then(|()| std::fs::rename(tmp, stop_path(control)));
+    let _ = replace_file(&stop_path(control), &sig.to_string());
+}
+
+/// Replaces `path` with `contents` at once (write beside it, then rename), so that the
+/// watchdog never reads a half-written control file.
+fn replace_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(tmp, path)
 }
 
 async fn supervise(

@@ -154,6 +154,15 @@ impl Proc {
         }
     }
 
+    /// `Some(())` once this candidate has logged the end of term `token`.
+    fn term_ended(&self, token: u64) -> Option<()> {
+        self.read()
+            .events
+            .iter()
+            .any(|e| e.ev == EV_TERM_ENDED && e.token == token)
+            .then_some(())
+    }
+
     fn read(&self) -> CandidateLog {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         parse_log(&self.id, &text, self.killed_at)
@@ -475,15 +484,7 @@ async fn drive(
             .await;
             let resumed = mono_us();
             procs[l].signal(Signal::SIGCONT);
-            let noticed = wait_for(Duration::from_secs(3), || {
-                procs[l]
-                    .read()
-                    .events
-                    .iter()
-                    .any(|e| e.ev == EV_TERM_ENDED && e.token == token)
-                    .then_some(())
-            })
-            .await;
+            let noticed = wait_for(Duration::from_secs(3), || procs[l].term_ended(token)).await;
             if noticed.is_none() {
                 violations.push(format!(
                     "{} did not notice within 3 s of SIGCONT that term {token} ended",
@@ -515,15 +516,7 @@ async fn drive(
             let _ = wait_for(wait_limit, || term_after(procs, t, Some(l))).await;
             expect_new(procs, t, Some(l), "failover after partition")
                 .ok_or_else(|| format!("no new leader within {wait_limit:?} of the partition"))?;
-            let stepped = wait_for(Duration::from_secs(2), || {
-                procs[l]
-                    .read()
-                    .events
-                    .iter()
-                    .any(|e| e.ev == EV_TERM_ENDED && e.token == token)
-                    .then_some(())
-            })
-            .await;
+            let stepped = wait_for(Duration::from_secs(2), || procs[l].term_ended(token)).await;
             if stepped.is_none() {
                 violations.push(format!(
                     "the partitioned leader {} did not log the end of term {token}",
