@@ -4,10 +4,11 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line program
 
 mod demo;
+mod process_tree;
 mod run;
 mod status;
 mod store;
-mod watchdog;
+mod supervisor;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,7 +25,7 @@ pub(crate) mod exit {
     pub(crate) const NOT_LEADER_IN_TIME: u8 = 73;
     /// Leadership was lost while the command ran (without `--supervise`).
     pub(crate) const LOST: u8 = 75;
-    /// A configuration error (timing rules, `--grace`, metadata).
+    /// A configuration error (timing rules, `--grace`, metadata, an invalid store setting).
     pub(crate) const CONFIG: u8 = 78;
 }
 
@@ -92,13 +93,25 @@ enum Command {
     Status(status::StatusArgs),
     /// Three `leader run` processes on a temporary file store; kill the leader; watch failover.
     Demo,
-    /// Internal: supervises the command in its own process group.
-    #[command(name = "__watchdog", hide = true)]
-    Watchdog(watchdog::WatchdogArgs),
+    /// Internal: the supervisor that starts the command and stops it (see `supervisor.rs`).
+    #[command(name = "__supervise", hide = true)]
+    Supervise(supervisor::SuperviseArgs),
+    /// Internal: the last step before the command (deadline check, then exec).
+    #[command(name = "__exec", hide = true)]
+    Exec(supervisor::ExecArgs),
 }
 
+/// The longest duration any option accepts.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 15s, 500ms, 1m)"))
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 15s, 500ms, 1m)"))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{s:?} is longer than the longest supported duration, 366d"
+        ));
+    }
+    Ok(d)
 }
 
 fn init_logging(format: LogFormat) {
@@ -124,9 +137,14 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Command::Watchdog(args) = cli.command {
-        return ExitCode::from(watchdog::run(args));
-    }
+    let command = match cli.command {
+        Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
+        Command::Supervise(args) => {
+            init_logging(cli.log_format);
+            return ExitCode::from(supervisor::run(args));
+        }
+        other => other,
+    };
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -139,12 +157,16 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
+    let log_format = match cli.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
     let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Run(args) => run::run(args).await,
+        match command {
+            Command::Run(args) => run::run(args, log_format).await,
             Command::Status(args) => status::run(args).await,
             Command::Demo => demo::run().await,
-            Command::Watchdog(_) => Ok(0),
+            Command::Supervise(_) | Command::Exec(_) => Ok(0),
         }
     });
     match result {

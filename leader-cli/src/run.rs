@@ -1,16 +1,29 @@
 //! `leader run`: campaign, run the command while leader, stop it when leadership ends.
+//!
+//! This process (the *elector*) keeps the lease; a separate supervisor process
+//! (`supervisor.rs`) starts the command and stops it. See `supervisor.rs` for why the two are
+//! separate and how each way of stopping `leader` is handled.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use clap::Args;
-use leader_core::{Elector, ElectorHandle, HolderId, Leadership, Metadata, Term};
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use leader_core::{
+    ConfigError, Elector, ElectorHandle, ErrorKind, HolderId, Leadership, Metadata, Term, Timing,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::watchdog::{deadline_path, exit_code, monotonic_ns, stop_path};
+use crate::process_tree::{boottime_ns, signal_descendants};
+use crate::supervisor::{Ended, Report, Request};
 use crate::{Exit, exit, store};
 
 #[derive(Debug, Args)]
@@ -36,8 +49,9 @@ pub(crate) struct RunArgs {
     /// Metadata followers can read, KEY=VALUE (repeatable; comma-separated in LEADER_META).
     #[arg(long = "meta", env = "LEADER_META", value_delimiter = ',')]
     meta: Vec<String>,
-    /// Time between SIGTERM and SIGKILL when the command must stop (default margin/2; must
-    /// end before another instance can take over).
+    /// Time between the stop signal and SIGKILL. At the end of a term the command gets SIGTERM
+    /// at deadline - grace and SIGKILL at the deadline. Default: half the room a healthy term
+    /// leaves (ttl - margin - renew_every - request_timeout - 50ms), at most 10s.
     #[arg(long, env = "LEADER_GRACE", value_parser = crate::parse_duration)]
     grace: Option<Duration>,
     /// Give up (exit 73) if not leader within this time.
@@ -52,37 +66,98 @@ pub(crate) struct RunArgs {
     command: Vec<String>,
 }
 
+/// What the supervisor needs beyond the grace period: for this process to pass a renewed
+/// deadline on, and for the supervisor to wake up and signal.
+pub(crate) const SUPERVISOR_SLACK: Duration = Duration::from_millis(50);
+
+/// The longest default grace period.
+const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// The room a healthy term leaves before its deadline: a renew is sent `renew_every` after
+/// the last one, answers within `request_timeout`, and must reach the supervisor before the
+/// command is signalled at `deadline - grace`.
+fn grace_room(t: &Timing) -> Duration {
+    t.ttl
+        .saturating_sub(t.margin + t.renew_every + t.request_timeout + SUPERVISOR_SLACK)
+}
+
+fn check_grace(grace: Option<Duration>, t: &Timing) -> Result<Duration, Exit> {
+    let room = grace_room(t);
+    if room.is_zero() {
+        return Err(Exit::new(
+            exit::CONFIG,
+            format!(
+                "no room for a grace period: ttl {:?} - margin {:?} - renew_every {:?} - request_timeout {:?} - {SUPERVISOR_SLACK:?} is not positive; raise --ttl or lower --renew-every",
+                t.ttl, t.margin, t.renew_every, t.request_timeout
+            ),
+        ));
+    }
+    let grace = grace.unwrap_or_else(|| (room / 2).min(MAX_DEFAULT_GRACE));
+    if grace >= room {
+        return Err(Exit::new(
+            exit::CONFIG,
+            format!(
+                "--grace {grace:?} is too long for this timing: the command would be signalled even while renewals succeed. It must be below ttl - margin - renew_every - request_timeout - {SUPERVISOR_SLACK:?} = {room:?}; lower --grace or raise --ttl"
+            ),
+        ));
+    }
+    Ok(grace)
+}
+
+/// How a supervised run of the command ended.
 enum Outcome {
+    /// The command exited by itself with this code.
     Exited(u8),
+    /// The term ended (deadline, lost lease, or the supervisor was lost); the command was
+    /// stopped.
     Lost,
-    Signalled(i32),
+    /// `leader` was asked to stop by this signal; the command was stopped.
+    Signalled(Signal),
+}
+
+/// What `leader` does with the signals it receives.
+enum Received {
+    /// Stop the command (second time: kill it), release, exit 128+N.
+    Stop(Signal),
+    /// Pass on to the command.
+    Forward(Signal),
 }
 
 struct Signals {
-    term: Signal,
-    int: Signal,
-    hup: Signal,
+    term: UnixSignal,
+    int: UnixSignal,
+    hup: UnixSignal,
+    quit: UnixSignal,
+    usr1: UnixSignal,
+    usr2: UnixSignal,
 }
 
 impl Signals {
     fn new() -> Result<Self, Exit> {
-        let make = |k: SignalKind| {
-            signal(k).map_err(|e| Exit::new(exit::UNAVAILABLE, format!("signal handler: {e}")))
+        let make = |s: Signal| {
+            signal(SignalKind::from_raw(s as i32))
+                .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("signal handler for {s}: {e}")))
         };
         Ok(Self {
-            term: make(SignalKind::terminate())?,
-            int: make(SignalKind::interrupt())?,
-            hup: make(SignalKind::hangup())?,
+            term: make(Signal::SIGTERM)?,
+            int: make(Signal::SIGINT)?,
+            hup: make(Signal::SIGHUP)?,
+            quit: make(Signal::SIGQUIT)?,
+            usr1: make(Signal::SIGUSR1)?,
+            usr2: make(Signal::SIGUSR2)?,
         })
     }
 
-    /// The next signal's number.
-    async fn recv(&mut self) -> i32 {
+    /// The next signal.
+    async fn recv(&mut self) -> Received {
         tokio::select! {
             biased;
-            _ = self.term.recv() => 15,
-            _ = self.int.recv() => 2,
-            _ = self.hup.recv() => 1,
+            _ = self.term.recv() => Received::Stop(Signal::SIGTERM),
+            _ = self.int.recv() => Received::Stop(Signal::SIGINT),
+            _ = self.hup.recv() => Received::Stop(Signal::SIGHUP),
+            _ = self.quit.recv() => Received::Stop(Signal::SIGQUIT),
+            _ = self.usr1.recv() => Received::Forward(Signal::SIGUSR1),
+            _ = self.usr2.recv() => Received::Forward(Signal::SIGUSR2),
         }
     }
 }
@@ -101,82 +176,109 @@ fn metadata(pairs: &[String]) -> Result<Metadata, Exit> {
     Ok(m)
 }
 
-pub(crate) async fn run(args: RunArgs) -> Result<u8, Exit> {
+/// The exit for a campaign that ended on an error retrying cannot fix.
+fn campaign_failed(problem: Option<&leader_core::Problem>) -> Exit {
+    match problem {
+        Some(p) => {
+            let code = match p.kind {
+                ErrorKind::InvalidConfig => exit::CONFIG,
+                _ => exit::UNAVAILABLE,
+            };
+            Exit::new(code, format!("giving up: {}", p.message))
+        }
+        None => Exit::new(exit::UNAVAILABLE, "the elector stopped"),
+    }
+}
+
+pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     let url = store::parse(&args.store)?;
-    let config = |e: leader_core::ConfigError| Exit::new(exit::CONFIG, e.to_string());
-    let planned =
-        leader_core::Timing::resolve(args.ttl, args.renew_every, args.retry_every, None, None);
+    let config = |e: ConfigError| Exit::new(exit::CONFIG, e.to_string());
+    // The timing rules first, so that a bad --ttl is reported as such.
+    let planned = Timing::resolve(args.ttl, args.renew_every, args.retry_every, None, None);
+    planned.validate().map_err(config)?;
+    let grace = check_grace(args.grace, &planned)?;
+    let meta = metadata(&args.meta)?;
+    let holder = args
+        .id
+        .clone()
+        .map(HolderId::new)
+        .transpose()
+        .map_err(config)?;
     let (backend, key) = store::open(&url, &args.store_options, planned.request_timeout).await?;
     let mut builder = Elector::builder(backend.clone(), key.clone())
-        .ttl(args.ttl)
-        .metadata(metadata(&args.meta)?);
-    if let Some(d) = args.renew_every {
-        builder = builder.renew_every(d);
-    }
-    if let Some(d) = args.retry_every {
-        builder = builder.retry_every(d);
-    }
-    if let Some(id) = &args.id {
-        builder = builder.holder_id(HolderId::new(id.clone()).map_err(config)?);
-    }
-    let timing = builder.resolved_timing();
-    let grace = args.grace.unwrap_or(timing.margin / 2);
-    // The command gets SIGTERM at the deadline and SIGKILL `grace` later; the earliest takeover
-    // is a full ttl after the last write, `margin` after the deadline.
-    let watchdog_slack = Duration::from_millis(100);
-    if grace + watchdog_slack >= timing.margin {
-        return Err(Exit::new(
-            exit::CONFIG,
-            format!(
-                "--grace {grace:?} must be below margin {:?} minus {watchdog_slack:?}, so that the command is dead before another instance can take over; lower --grace or raise --ttl",
-                timing.margin
-            ),
-        ));
+        .timing(planned)
+        .metadata(meta);
+    if let Some(holder) = holder {
+        builder = builder.holder_id(holder);
     }
     let elector = builder.build().map_err(config)?;
+    let timing = *elector.timing();
 
-    // Fail fast on a store we cannot use at all.
+    // Whatever the supervisor leaves behind if it is killed is re-parented to this process,
+    // which kills it (see `kill_leftovers`).
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        return Err(Exit::new(
+            exit::UNAVAILABLE,
+            format!("cannot become a child subreaper: {e}"),
+        ));
+    }
+
+    // Errors retrying cannot fix end the run now; others are retried by the elector.
     match tokio::time::timeout(timing.request_timeout * 2, backend.read(&key)).await {
-        Err(_) => {
-            return Err(Exit::new(
-                exit::UNAVAILABLE,
-                format!(
-                    "the store did not answer within {:?}",
-                    timing.request_timeout * 2
-                ),
-            ));
+        Err(_) => warn!("the store did not answer yet; campaigning anyway (retrying)"),
+        Ok(Err(e)) if e.kind() == ErrorKind::MalformedRecord => {
+            warn!(error = %e, "the lease record is malformed; waiting for an operator");
         }
-        Ok(Err(e)) if e.kind() != leader_core::ErrorKind::MalformedRecord => {
-            return Err(store::unavailable(&e));
-        }
-        Ok(Err(e)) => warn!(error = %e, "the lease record is malformed; waiting for an operator"),
+        Ok(Err(e)) if e.is_retryable() => warn!(error = %e, "the store is not usable yet"),
+        Ok(Err(e)) => return Err(store::unavailable(&e)),
         Ok(Ok(_)) => {}
     }
 
     let mut signals = Signals::new()?;
     let handle = elector.spawn();
     let holder = handle.holder_id().clone();
-    info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, "campaigning");
-    let wait_until = args.wait.map(|w| Instant::now() + w);
+    info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, ?grace, "campaigning");
+    let wait_until = match args.wait {
+        Some(w) => Some(
+            Instant::now()
+                .checked_add(w)
+                .ok_or_else(|| Exit::new(exit::CONFIG, format!("--wait {w:?} is too long")))?,
+        ),
+        None => None,
+    };
+    let ctx = Ctx {
+        args: &args,
+        log_format,
+        timing,
+        grace,
+        handle: &handle,
+    };
     loop {
         let term = tokio::select! {
             biased;
-            sig = signals.recv() => {
-                info!(signal = sig, "signal while waiting for the lease; stopping");
-                handle.shutdown().await;
-                return Ok(128 + sig as u8);
-            }
+            got = signals.recv() => match got {
+                Received::Stop(sig) => {
+                    info!(signal = %sig, "signal while waiting for the lease; stopping");
+                    handle.shutdown().await;
+                    return Ok(128 + sig as u8);
+                }
+                Received::Forward(_) => continue,
+            },
             _ = sleep_until_opt(wait_until) => {
+                let problem = match handle.current() {
+                    Leadership::Unknown { problem: Some(p) } => format!(" (last store error: {})", p.message),
+                    _ => String::new(),
+                };
                 handle.shutdown().await;
-                return Err(Exit::new(exit::NOT_LEADER_IN_TIME, "not leader within --wait"));
+                return Err(Exit::new(exit::NOT_LEADER_IN_TIME, format!("not leader within --wait{problem}")));
             }
             t = handle.wait_for_term() => match t {
                 Ok(t) => t,
-                Err(_) => return Err(Exit::new(exit::UNAVAILABLE, "the elector stopped")),
+                Err(stopped) => return Err(campaign_failed(stopped.problem())),
             },
         };
         info!(token = %term.token(), "became leader; starting the command");
-        let outcome = supervise(&args, &handle, &term, grace, &mut signals).await?;
+        let outcome = supervise(&ctx, &term, &mut signals).await?;
         drop(term);
         match outcome {
             Outcome::Exited(code) => {
@@ -191,12 +293,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Exit> {
             Outcome::Lost => {
                 warn!("leadership lost; the command was stopped");
                 if args.supervise {
+                    // Everything is gone; do not reuse what may be left of the term.
+                    let _ = handle.resign().await;
                     continue;
                 }
                 handle.shutdown().await;
                 return Ok(exit::LOST);
             }
             Outcome::Signalled(sig) => {
+                info!("the command and everything it started are gone; releasing the lease");
                 handle.shutdown().await;
                 return Ok(128 + sig as u8);
             }
@@ -211,96 +316,266 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Writes the term's deadline for the watchdog, on the host's monotonic clock.
-fn write_deadline(control: &Path, deadline: Instant) -> std::io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    let at = monotonic_ns() + left.as_nanos();
-    replace_file(&deadline_path(control), &at.to_string())
-}
-
-fn request_stop(control: &Path, sig: i32) {
-    let _ = replace_file(&stop_path(control), &sig.to_string());
-}
-
-/// Replaces `path` with `contents` at once (write beside it, then rename), so that the
-/// watchdog never reads a half-written control file.
-fn replace_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(tmp, path)
-}
-
-async fn supervise(
-    args: &RunArgs,
-    handle: &ElectorHandle,
-    term: &Term,
+struct Ctx<'a> {
+    args: &'a RunArgs,
+    log_format: &'a str,
+    timing: Timing,
     grace: Duration,
-    signals: &mut Signals,
-) -> Result<Outcome, Exit> {
-    let io =
-        |e: std::io::Error| Exit::new(exit::UNAVAILABLE, format!("cannot start the command: {e}"));
-    let control = tempfile::Builder::new()
+    handle: &'a ElectorHandle,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `at` on CLOCK_BOOTTIME, the clock the supervisor keeps deadlines on.
+fn boottime_of(at: Instant) -> u64 {
+    boottime_ns().saturating_add(nanos(at.saturating_duration_since(Instant::now())))
+}
+
+async fn send(to: &mut Option<OwnedWriteHalf>, request: Request) {
+    if let Some(w) = to
+        && w.write_all(request.encode().as_bytes()).await.is_err()
+    {
+        // The supervisor is gone; its exit is handled where it is awaited.
+        *to = None;
+    }
+}
+
+/// Kills everything a dead supervisor left behind (re-parented to this process, a child
+/// subreaper) and reaps it; returns when nothing is left.
+fn kill_leftovers() {
+    for _ in 0..1000 {
+        let me = Pid::this();
+        if signal_descendants(me, Signal::SIGKILL) == 0 {
+            return;
+        }
+        for pid in crate::process_tree::descendants(me) {
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        #[allow(clippy::disallowed_methods)] // on a blocking thread
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    error!("processes left by the supervisor are still alive after 10 s of SIGKILL");
+}
+
+/// Runs the command for one term, through a supervisor process, until it has stopped.
+async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<Outcome, Exit> {
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |e: std::io::Error| Exit::new(exit::UNAVAILABLE, format!("{what}: {e}"))
+    };
+    let control_dir = tempfile::Builder::new()
         .prefix("leader-")
         .tempdir()
-        .map_err(io)?;
-    write_deadline(control.path(), term.deadline()).map_err(io)?;
-    let exe = std::env::current_exe().map_err(io)?;
-    let mut child = tokio::process::Command::new(exe)
-        .arg("__watchdog")
-        .arg("--control")
-        .arg(control.path())
-        .arg("--grace")
-        .arg(format!("{}ms", grace.as_millis()))
-        .arg("--")
-        .args(&args.command)
-        .env("LEADER_FENCING_TOKEN", term.token().to_string())
-        .env("LEADER_STORE", &args.store)
-        .env("LEADER_HOLDER_ID", handle.holder_id().as_str())
-        .env("LEADER_TTL_MS", args.ttl.as_millis().to_string())
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(io)?;
-    let mut leadership = handle.leadership();
+        .map_err(io("cannot create the control folder"))?;
+    let socket = control_dir.path().join("control");
+    let listener = UnixListener::bind(&socket).map_err(io("cannot create the control socket"))?;
+    let mut supervisor = spawn_supervisor(ctx, term, &socket)?;
+    let pid = Pid::from_raw(i32::try_from(supervisor.id()).unwrap_or(i32::MAX));
+    let (exited_tx, mut exited) = oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = exited_tx.send(supervisor.wait());
+    });
+
+    let mut writer: Option<OwnedWriteHalf> = None;
+    let mut reader = None;
+    let mut leadership = ctx.handle.leadership();
     let mut stopping: Option<Outcome> = None;
-    loop {
+    let mut done: Option<(Ended, u8)> = None;
+    let mut started = false;
+    let mut backstop_fired = false;
+    let backstop_after = ctx.timing.margin / 2;
+    let status = loop {
+        // The supervisor enforces the deadline; if it does not (frozen), this process kills it
+        // (and with it the command) halfway through the margin.
+        let backstop = term.deadline() + backstop_after;
         tokio::select! {
             biased;
-            status = child.wait() => {
-                let code = status.map(exit_code).unwrap_or(1);
-                if stopping.is_none() && !term.is_valid() {
-                    // The watchdog stopped the command at the deadline (this process may have
-                    // been frozen past it): leadership was lost, whatever the command's code.
-                    return Ok(Outcome::Lost);
+            got = signals.recv() => match got {
+                Received::Stop(sig) => {
+                    if let Some(Outcome::Signalled(_)) = stopping {
+                        warn!(signal = %sig, "second signal: killing the command now");
+                        send(&mut writer, Request::Kill).await;
+                    } else {
+                        info!(signal = %sig, "stopping the command (SIGKILL after the grace period)");
+                        send(&mut writer, Request::Stop(sig)).await;
+                        stopping = Some(Outcome::Signalled(sig));
+                    }
                 }
-                return Ok(stopping.unwrap_or(Outcome::Exited(code)));
+                Received::Forward(sig) => send(&mut writer, Request::Forward(sig)).await,
+            },
+            status = &mut exited => break status,
+            conn = listener.accept(), if writer.is_none() && reader.is_none() => {
+                let (stream, _) = conn.map_err(io("control socket"))?;
+                let (r, w) = stream.into_split();
+                reader = Some(BufReader::new(r).lines());
+                writer = Some(w);
+                // A deadline that moved while the supervisor started.
+                send(&mut writer, Request::Deadline(boottime_of(term.deadline()))).await;
+                if let Some(Outcome::Signalled(sig)) = stopping {
+                    send(&mut writer, Request::Stop(sig)).await;
+                }
             }
-            sig = signals.recv(), if stopping.is_none() => {
-                info!(signal = sig, "forwarding the signal to the command's process group");
-                request_stop(control.path(), sig);
-                stopping = Some(Outcome::Signalled(sig));
-            }
+            line = next_line(&mut reader) => match line.as_deref().and_then(Report::parse) {
+                Some(Report::Started(child)) => {
+                    started = true;
+                    info!(pid = child, "the command started");
+                }
+                Some(Report::Done(why, code)) => done = Some((why, code)),
+                None => {
+                    if line.is_none() {
+                        reader = None;
+                    }
+                }
+            },
             _ = term.cancelled(), if stopping.is_none() => {
-                request_stop(control.path(), 15);
+                send(&mut writer, Request::Stop(Signal::SIGTERM)).await;
                 stopping = Some(Outcome::Lost);
             }
-            changed = leadership.changed(), if stopping.is_none() => {
+            changed = leadership.changed() => {
                 if changed.is_err() {
-                    request_stop(control.path(), 15);
-                    stopping = Some(Outcome::Lost);
                     continue;
                 }
                 let deadline = match &*leadership.borrow_and_update() {
                     Leadership::Leader { token, deadline } if *token == term.token() => Some(*deadline),
                     _ => None,
                 };
-                if let Some(Err(e)) = deadline.map(|d| write_deadline(control.path(), d)) {
-                    warn!(error = %e, "cannot extend the command's deadline; it will be stopped");
+                if let Some(d) = deadline {
+                    send(&mut writer, Request::Deadline(boottime_of(d))).await;
                 }
             }
+            _ = tokio::time::sleep_until(backstop), if !backstop_fired => {
+                error!("the supervisor did not stop the command by the deadline; killing it");
+                let _ = kill(pid, Signal::SIGKILL);
+                backstop_fired = true;
+            }
         }
+    };
+    // Reports written just before the supervisor exited.
+    while let (None, Some(r)) = (done, reader.as_mut()) {
+        match r.next_line().await {
+            Ok(Some(line)) => {
+                if let Some(Report::Done(why, code)) = Report::parse(&line) {
+                    done = Some((why, code));
+                }
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let outcome = match done {
+        Some((Ended::Exited, code)) => match stopping {
+            Some(s) => s,
+            None => Outcome::Exited(code),
+        },
+        Some((Ended::Stopped, code)) => stopping.unwrap_or(Outcome::Exited(code)),
+        Some((Ended::Deadline | Ended::Orphaned | Ended::NotStarted, _)) => match stopping {
+            Some(Outcome::Signalled(sig)) => Outcome::Signalled(sig),
+            _ => Outcome::Lost,
+        },
+        None => {
+            // The supervisor died (SIGKILL, or a crash): the kernel killed the command
+            // (PR_SET_PDEATHSIG); whatever else it started is now ours to kill.
+            let killed = status.ok().and_then(|s| s.ok()).map(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.signal()
+            });
+            warn!(
+                ?killed,
+                "the supervisor died; killing whatever the command left behind"
+            );
+            tokio::task::spawn_blocking(kill_leftovers)
+                .await
+                .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cleanup: {e}")))?;
+            if !started && !backstop_fired && killed == Some(None) {
+                return Err(Exit::new(
+                    exit::UNAVAILABLE,
+                    "the supervisor could not start (see the error above)",
+                ));
+            }
+            match stopping {
+                Some(Outcome::Signalled(sig)) => Outcome::Signalled(sig),
+                _ => Outcome::Lost,
+            }
+        }
+    };
+    Ok(outcome)
+}
+
+async fn next_line(
+    reader: &mut Option<tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>>,
+) -> Option<String> {
+    match reader {
+        Some(r) => r.next_line().await.ok().flatten(),
+        None => std::future::pending().await,
+    }
+}
+
+fn spawn_supervisor(
+    ctx: &Ctx<'_>,
+    term: &Term,
+    socket: &Path,
+) -> Result<std::process::Child, Exit> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("own executable: {e}")))?;
+    let args = ctx.args;
+    std::process::Command::new(exe)
+        .arg("--log-format")
+        .arg(ctx.log_format)
+        .arg("__supervise")
+        .arg("--control")
+        .arg(socket)
+        .arg("--grace")
+        .arg(format!("{}ns", ctx.grace.as_nanos()))
+        .arg("--deadline")
+        .arg(boottime_of(term.deadline()).to_string())
+        .arg("--")
+        .args(&args.command)
+        .env("LEADER_FENCING_TOKEN", term.token().to_string())
+        .env("LEADER_STORE", &args.store)
+        .env("LEADER_KEY", ctx.handle.key().as_str())
+        .env("LEADER_HOLDER_ID", ctx.handle.holder_id().as_str())
+        .env("LEADER_TTL_MS", ctx.timing.ttl.as_millis().to_string())
+        .env("LEADER_GRACE_MS", ctx.grace.as_millis().to_string())
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            Exit::new(
+                exit::UNAVAILABLE,
+                format!("cannot start the supervisor: {e}"),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_must_leave_room_for_a_healthy_renew() {
+        let t = Timing::from_ttl(Duration::from_secs(2));
+        // 2000 - 400 (margin) - 666 (renew) - 200 (request) - 50 = 684 ms.
+        assert_eq!(
+            grace_room(&t),
+            Duration::from_millis(684) - Duration::from_nanos(666_667)
+        );
+        assert_eq!(check_grace(None, &t).unwrap(), grace_room(&t) / 2);
+        assert!(check_grace(Some(Duration::from_millis(600)), &t).is_ok());
+        let e = check_grace(Some(Duration::from_millis(700)), &t).unwrap_err();
+        assert_eq!(e.code, exit::CONFIG);
+        assert!(e.message.contains("--grace"), "{}", e.message);
+        let long = Timing::from_ttl(Duration::from_secs(600));
+        assert_eq!(check_grace(None, &long).unwrap(), MAX_DEFAULT_GRACE);
+    }
+
+    #[test]
+    fn no_room_names_the_timing_not_grace() {
+        let mut t = Timing::from_ttl(Duration::from_secs(2));
+        t.renew_every = Duration::from_millis(1350);
+        assert!(t.validate().is_ok());
+        let e = check_grace(None, &t).unwrap_err();
+        assert!(e.message.contains("no room"), "{}", e.message);
     }
 }

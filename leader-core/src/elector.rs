@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::{Fence, LeaseBackend};
 use crate::config::{ClockRate, Timing};
@@ -44,8 +44,13 @@ pub enum Leadership {
         /// The ending term's token.
         token: FencingToken,
     },
-    /// The elector has shut down.
-    Stopped,
+    /// The elector has shut down: on request, or because the store gave an error that retrying
+    /// cannot fix (`problem`: missing container, table, bucket or folder, rejected credentials,
+    /// permission denied, an invalid configuration).
+    Stopped {
+        /// Why the campaign ended, if not on request.
+        problem: Option<Problem>,
+    },
 }
 
 impl Leadership {
@@ -82,9 +87,18 @@ impl From<&Error> for Problem {
 }
 
 /// The elector has stopped: no further term will begin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("the elector has stopped")]
-pub struct Stopped;
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the elector has stopped{}", .problem.as_ref().map(|p| format!(": {}", p.message)).unwrap_or_default())]
+pub struct Stopped {
+    problem: Option<Problem>,
+}
+
+impl Stopped {
+    /// The store error that ended the campaign, if it did not end on request.
+    pub fn problem(&self) -> Option<&Problem> {
+        self.problem.as_ref()
+    }
+}
 
 /// Configures an [`Elector`]. Durations left unset are derived from `ttl` as in
 /// [`Timing::from_ttl`].
@@ -403,10 +417,10 @@ impl ElectorHandle {
                         }
                     }
                 }
-                Leadership::Stopped => return Err(Stopped),
+                Leadership::Stopped { problem } => return Err(Stopped { problem }),
                 _ => {}
             }
-            rx.changed().await.map_err(|_| Stopped)?;
+            rx.changed().await.map_err(|_| Stopped { problem: None })?;
         }
     }
 
@@ -424,8 +438,8 @@ impl ElectorHandle {
         self.commands
             .send(Command::Resign(ack))
             .await
-            .map_err(|_| Stopped)?;
-        done.await.map_err(|_| Stopped)
+            .map_err(|_| Stopped { problem: None })?;
+        done.await.map_err(|_| Stopped { problem: None })
     }
 
     /// Stops campaigning: cancels the term's work, waits for its [`Term`]s to be dropped (at
@@ -437,7 +451,9 @@ impl ElectorHandle {
     pub async fn shutdown(mut self) {
         self.shared.shutdown.cancel();
         let mut rx = self.rx.clone();
-        let _ = rx.wait_for(|l| *l == Leadership::Stopped).await;
+        let _ = rx
+            .wait_for(|l| matches!(l, Leadership::Stopped { .. }))
+            .await;
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
@@ -503,6 +519,13 @@ impl Term {
     }
 }
 
+/// Whether `e` ends a campaign: an error that retrying cannot fix (a missing container,
+/// rejected credentials, permission denied, bad configuration). A malformed record is not one:
+/// the campaign waits for an operator to repair or delete it.
+fn is_permanent(e: &Error) -> bool {
+    !e.is_retryable() && e.kind() != ErrorKind::MalformedRecord
+}
+
 /// Exponential backoff with jitter in `[d/2, d]`.
 #[derive(Debug)]
 struct Backoff {
@@ -535,6 +558,8 @@ impl Backoff {
 enum FollowEnd {
     Acquired(Grant),
     Shutdown,
+    /// A store error that retrying cannot fix.
+    Failed(Problem),
 }
 
 enum LeadEnd {
@@ -555,10 +580,15 @@ struct Driver {
 
 impl Driver {
     async fn run(mut self) {
+        let mut problem = None;
         loop {
             let grant = match self.follow().await {
                 FollowEnd::Acquired(grant) => grant,
                 FollowEnd::Shutdown => break,
+                FollowEnd::Failed(p) => {
+                    problem = Some(p);
+                    break;
+                }
             };
             match self.lead(grant).await {
                 LeadEnd::Shutdown => break,
@@ -568,7 +598,7 @@ impl Driver {
                 LeadEnd::Over => {}
             }
         }
-        self.shared.publish(Leadership::Stopped);
+        self.shared.publish(Leadership::Stopped { problem });
         info!("elector stopped");
     }
 
@@ -620,6 +650,10 @@ impl Driver {
                     self.shared.publish(Leadership::Follower { leader });
                     let poll = Instant::now() + self.rng.duration(retry * 4 / 5, retry);
                     takeover_at.map_or(poll, |t| t.min(poll))
+                }
+                Err(e) if is_permanent(&e) => {
+                    error!(error = %e, "campaign ended: this error needs a person (not retried)");
+                    return FollowEnd::Failed(Problem::from(&e));
                 }
                 Err(e) => {
                     if failing {

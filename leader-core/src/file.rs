@@ -105,8 +105,16 @@ fn map_io(what: &str, e: io::Error) -> Error {
             what: what.to_owned(),
             source: Some(Box::new(e)),
         },
-        io::ErrorKind::PermissionDenied => Error::PermissionDenied {
-            message: what.to_owned(),
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+            Error::PermissionDenied {
+                message: format!("{what}: {e}"),
+                source: Some(Box::new(e)),
+            }
+        }
+        io::ErrorKind::IsADirectory | io::ErrorKind::NotADirectory => Error::InvalidConfig {
+            message: format!(
+                "{what} is a folder where a file belongs (or the reverse); remove it or choose another key"
+            ),
             source: Some(Box::new(e)),
         },
         _ => Error::Unavailable {

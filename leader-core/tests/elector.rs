@@ -326,18 +326,27 @@ async fn a_write_whose_response_was_lost_is_recognised_as_our_own() {
     assert_eq!(a.current().token(), Some(FencingToken(1)));
 }
 
-/// Rejects every request as unauthenticated.
-#[derive(Debug, Default)]
-struct BadCredentials(AtomicUsize);
+/// A store that fails every read with `make()`.
+#[derive(Debug)]
+struct Failing {
+    reads: AtomicUsize,
+    make: fn() -> Error,
+}
+
+impl Failing {
+    fn new(make: fn() -> Error) -> Self {
+        Self {
+            reads: AtomicUsize::new(0),
+            make,
+        }
+    }
+}
 
 #[async_trait]
-impl LeaseBackend for BadCredentials {
+impl LeaseBackend for Failing {
     async fn read(&self, _: &LeaseKey) -> Result<Option<Stored>, Error> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Err(Error::Unauthenticated {
-            message: "signature mismatch".into(),
-            source: None,
-        })
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        Err((self.make)())
     }
     async fn write(&self, _: WriteRequest) -> Result<WriteOutcome, Error> {
         unreachable!("nothing is written without a successful read")
@@ -345,8 +354,8 @@ impl LeaseBackend for BadCredentials {
 }
 
 #[tokio::test(start_paused = true)]
-async fn store_errors_are_published_and_the_campaign_goes_on_with_backoff() {
-    let store = Arc::new(BadCredentials::default());
+async fn transient_store_errors_are_published_and_retried_with_backoff() {
+    let store = Arc::new(Failing::new(|| Error::unavailable("connection refused")));
     let a = elector(store.clone(), "a").spawn();
     let l = wait_until(&a, |l| {
         matches!(l, Leadership::Unknown { problem: Some(_) })
@@ -355,12 +364,52 @@ async fn store_errors_are_published_and_the_campaign_goes_on_with_backoff() {
     let Leadership::Unknown { problem: Some(p) } = l else {
         unreachable!()
     };
-    assert_eq!(p.kind, ErrorKind::Unauthenticated);
-    assert!(p.message.contains("credentials"), "{}", p.message);
+    assert_eq!(p.kind, ErrorKind::Unavailable);
     sleep(Duration::from_secs(60)).await;
-    let reads = store.0.load(Ordering::SeqCst);
+    let reads = store.reads.load(Ordering::SeqCst);
     // Backoff is capped at retry_every (3 s): at least 60 / 3 attempts, and not a hot loop.
     assert!((20..=80).contains(&reads), "{reads} reads in 60 s");
+    assert!(matches!(a.current(), Leadership::Unknown { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_retrying_cannot_fix_ends_the_campaign_with_the_problem() {
+    let store = Arc::new(Failing::new(|| Error::Unauthenticated {
+        message: "signature mismatch".into(),
+        source: None,
+    }));
+    let a = elector(store.clone(), "a").spawn();
+    let stopped = a.wait_for_term().await.unwrap_err();
+    let p = stopped
+        .problem()
+        .expect("the campaign ended on the store error");
+    assert_eq!(p.kind, ErrorKind::Unauthenticated);
+    assert!(p.message.contains("credentials"), "{}", p.message);
+    assert!(
+        stopped.to_string().contains("signature mismatch"),
+        "{stopped}"
+    );
+    assert!(matches!(
+        a.current(),
+        Leadership::Stopped { problem: Some(_) }
+    ));
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(store.reads.load(Ordering::SeqCst), 1, "not retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_record_is_waited_out_not_fatal() {
+    let store = Arc::new(Failing::new(|| Error::MalformedRecord {
+        key: "k".into(),
+        detail: "not JSON".into(),
+    }));
+    let a = elector(store.clone(), "a").spawn();
+    sleep(Duration::from_secs(30)).await;
+    assert!(store.reads.load(Ordering::SeqCst) >= 5);
+    assert!(matches!(
+        a.current(),
+        Leadership::Unknown { problem: Some(_) }
+    ));
 }
 
 #[test]

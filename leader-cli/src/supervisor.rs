@@ -1,0 +1,577 @@
+//! The supervisor: the process that starts the command and makes sure it never outlives its
+//! term, whatever happens to `leader`.
+//!
+//! `leader run` (the *elector* process) starts one supervisor per term. The supervisor
+//! - leaves `leader`'s session and process group at once (`setsid`), so that Ctrl-C in a
+//!   terminal, `kill -- -PGID`, `timeout` and SIGSTOP of `leader`'s group never reach it;
+//! - is a child subreaper, so every process the command starts stays below it, even one that
+//!   calls `setsid` or daemonizes (double fork);
+//! - starts the command through `leader __exec`, which sets `PR_SET_PDEATHSIG` (SIGKILL) on
+//!   itself, checks the deadline on `CLOCK_BOOTTIME` once more, and only then execs the
+//!   command in a process group of its own;
+//! - sends every descendant the stop signal at `deadline - grace` and SIGKILL at the deadline
+//!   (both on `CLOCK_BOOTTIME`, from a timer, not a poll), unless `leader` extends the
+//!   deadline before;
+//! - on a stop request (from `leader`, or a signal sent to the supervisor itself, as systemd
+//!   and `pkill leader` do), or when `leader` dies (its control socket closes), sends the
+//!   signal at once and SIGKILL `grace` later, or at the deadline if that comes first;
+//! - exits only when the command and all its descendants are gone, and tells `leader` why, so
+//!   that `leader` releases the lease only then.
+//!
+//! `leader` talks to it over a Unix socket in a private folder, one line per message.
+#![allow(clippy::disallowed_methods)] // a synchronous process: no tokio here
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Args;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getppid};
+use tracing::{error, info, warn};
+
+use crate::process_tree::{boottime_ns, signal_descendants};
+
+/// How often the supervisor repeats SIGKILL while descendants are still being created.
+const KILL_SWEEP: Duration = Duration::from_millis(20);
+
+/// The signals the supervisor handles itself (through a signalfd) instead of dying of them.
+const HANDLED: [Signal; 7] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGCHLD,
+];
+
+#[derive(Debug, Args)]
+pub(crate) struct SuperviseArgs {
+    /// The control socket of the `leader` process.
+    #[arg(long)]
+    control: PathBuf,
+    /// Time between the stop signal and SIGKILL.
+    #[arg(long, value_parser = crate::parse_duration)]
+    grace: Duration,
+    /// The term's deadline, in nanoseconds on CLOCK_BOOTTIME.
+    #[arg(long)]
+    deadline: u64,
+    /// The command.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    /// The supervisor's pid: if it is already gone, the command is not started.
+    #[arg(long)]
+    supervisor: i32,
+    /// Do not start the command at or after this instant (nanoseconds on CLOCK_BOOTTIME).
+    #[arg(long)]
+    not_after: u64,
+    /// The command.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// A message from `leader` to its supervisor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// The term now ends at this instant (nanoseconds on CLOCK_BOOTTIME).
+    Deadline(u64),
+    /// Stop the command: this signal now, SIGKILL after the grace period.
+    Stop(Signal),
+    /// SIGKILL everything now (a second signal to `leader`).
+    Kill,
+    /// Pass this signal on to the command's process group; change nothing else.
+    Forward(Signal),
+}
+
+/// Why the supervisor ended, as it tells `leader`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The command exited by itself (anything it left behind was stopped).
+    Exited,
+    /// The term's deadline came: the command was stopped.
+    Deadline,
+    /// The command was stopped on request (of `leader`, or a signal to the supervisor).
+    Stopped,
+    /// `leader` went away: the command was stopped.
+    Orphaned,
+    /// The deadline had passed before the command could start; nothing ran.
+    NotStarted,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::Exited => "exited",
+            Ended::Deadline => "deadline",
+            Ended::Stopped => "stopped",
+            Ended::Orphaned => "orphaned",
+            Ended::NotStarted => "not-started",
+        }
+    }
+}
+
+/// A message from the supervisor to `leader`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// The command runs with this pid.
+    Started(i32),
+    /// Everything is gone; the command's exit code (128+N for signal N).
+    Done(Ended, u8),
+}
+
+impl Request {
+    pub(crate) fn encode(self) -> String {
+        match self {
+            Request::Deadline(ns) => format!("deadline {ns}\n"),
+            Request::Stop(s) => format!("stop {}\n", s as i32),
+            Request::Kill => "kill\n".to_owned(),
+            Request::Forward(s) => format!("forward {}\n", s as i32),
+        }
+    }
+
+    fn parse(line: &str) -> Option<Self> {
+        let (word, arg) = line.split_once(' ').unwrap_or((line, ""));
+        let signal = || Signal::try_from(arg.parse::<i32>().ok()?).ok();
+        match word {
+            "deadline" => arg.parse().ok().map(Request::Deadline),
+            "stop" => signal().map(Request::Stop),
+            "kill" => Some(Request::Kill),
+            "forward" => signal().map(Request::Forward),
+            _ => None,
+        }
+    }
+}
+
+impl Report {
+    fn encode(self) -> String {
+        match self {
+            Report::Started(pid) => format!("started {pid}\n"),
+            Report::Done(why, code) => format!("done {} {code}\n", why.as_str()),
+        }
+    }
+
+    pub(crate) fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split(' ');
+        match (words.next()?, words.next()?, words.next()) {
+            ("started", pid, None) => pid.parse().ok().map(Report::Started),
+            ("done", why, Some(code)) => {
+                let why = [
+                    Ended::Exited,
+                    Ended::Deadline,
+                    Ended::Stopped,
+                    Ended::Orphaned,
+                    Ended::NotStarted,
+                ]
+                .into_iter()
+                .find(|e| e.as_str() == why)?;
+                Some(Report::Done(why, code.parse().ok()?))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The exit code of a process that ended with `status` (128+N for signal N).
+pub(crate) fn code_of(status: WaitStatus) -> Option<u8> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(u8::try_from(code & 0xff).unwrap_or(1)),
+        WaitStatus::Signaled(_, sig, _) => {
+            Some(u8::try_from((128 + sig as i32) & 0xff).unwrap_or(1))
+        }
+        _ => None,
+    }
+}
+
+/// The exit code for "the term ended before the command could start".
+pub(crate) const NOT_STARTED: u8 = crate::exit::LOST;
+
+/// `leader __exec`: the last step before the command. Returns only if the command cannot start.
+pub(crate) fn exec(args: ExecArgs) -> u8 {
+    // The command dies with its supervisor (kept across exec).
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        eprintln!("leader: cannot tie the command to its supervisor: {e}");
+        return crate::exit::UNAVAILABLE;
+    }
+    // The supervisor blocks the signals it reads through a signalfd; a blocked mask survives
+    // fork and exec, and the command must start with none blocked.
+    if let Err(e) = SigSet::empty().thread_set_mask() {
+        eprintln!("leader: cannot clear the signal mask for the command: {e}");
+        return crate::exit::UNAVAILABLE;
+    }
+    if getppid().as_raw() != args.supervisor {
+        return NOT_STARTED; // the supervisor died before the command could start
+    }
+    if boottime_ns() >= args.not_after {
+        eprintln!("leader: the term ended before the command could start; not starting it");
+        return NOT_STARTED;
+    }
+    let Some((program, rest)) = args.command.split_first() else {
+        return crate::exit::USAGE;
+    };
+    let e = Command::new(program).args(rest).process_group(0).exec();
+    eprintln!("leader: cannot start {program:?}: {e}");
+    if e.kind() == ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
+}
+
+enum Phase {
+    /// The command runs; the stop signal is due at `deadline - grace`.
+    Running,
+    /// The stop signal was sent; SIGKILL is due at `min(kill_by, deadline)`.
+    Stopping { kill_by: u64, why: Ended },
+    /// SIGKILL was sent; repeated until every descendant is gone.
+    Killing { why: Ended },
+}
+
+struct Supervisor {
+    grace: u64,
+    deadline: u64,
+    phase: Phase,
+    /// The command's pid, until it is reaped.
+    command: Option<Pid>,
+    /// The command's exit code, once reaped.
+    code: Option<u8>,
+    /// No child is left (so, being a subreaper, no descendant either).
+    empty: bool,
+    control: Option<UnixStream>,
+    inbox: Vec<u8>,
+    signals: SignalFd,
+    timer: TimerFd,
+}
+
+/// `leader __supervise`. Its exit code is the command's.
+pub(crate) fn run(args: SuperviseArgs) -> u8 {
+    match Supervisor::start(&args) {
+        Ok(Some(mut s)) => s.run(),
+        Ok(None) => NOT_STARTED,
+        Err(e) => {
+            error!("the supervisor cannot start: {e}");
+            crate::exit::UNAVAILABLE
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Supervisor {
+    /// Sets up, then starts the command unless the deadline is too close.
+    fn start(args: &SuperviseArgs) -> Result<Option<Self>, String> {
+        let step = |what: &'static str| move |e: Errno| format!("{what}: {e}");
+        nix::unistd::setsid().map_err(step("setsid"))?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(step("child subreaper"))?;
+        let mut mask = SigSet::empty();
+        for s in HANDLED {
+            mask.add(s);
+        }
+        mask.thread_block().map_err(step("block signals"))?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+            .map_err(step("signalfd"))?;
+        let timer = TimerFd::new(
+            ClockId::CLOCK_BOOTTIME,
+            TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
+        )
+        .map_err(step("timerfd"))?;
+        let control = match UnixStream::connect(&args.control) {
+            Ok(c) => c,
+            // `leader` is gone already: nothing may start.
+            Err(_) => return Ok(None),
+        };
+        control
+            .set_nonblocking(true)
+            .map_err(|e| format!("control socket: {e}"))?;
+        let grace = nanos(args.grace);
+        let not_after = args.deadline.saturating_sub(grace);
+        let mut s = Self {
+            grace,
+            deadline: args.deadline,
+            phase: Phase::Running,
+            command: None,
+            code: None,
+            empty: false,
+            control: Some(control),
+            inbox: Vec::new(),
+            signals,
+            timer,
+        };
+        if boottime_ns() >= not_after {
+            warn!("the term ended before the command could start; not starting it");
+            s.report(Report::Done(Ended::NotStarted, NOT_STARTED));
+            return Ok(None);
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let child = Command::new(exe)
+            .arg("__exec")
+            .arg("--supervisor")
+            .arg(std::process::id().to_string())
+            .arg("--not-after")
+            .arg(not_after.to_string())
+            .arg("--")
+            .args(&args.command)
+            .spawn()
+            .map_err(|e| format!("cannot start the command: {e}"))?;
+        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        // Reaped with waitpid below, not through `child`.
+        drop(child);
+        s.command = Some(pid);
+        s.report(Report::Started(pid.as_raw()));
+        Ok(Some(s))
+    }
+
+    fn report(&mut self, report: Report) {
+        if let Some(c) = &mut self.control {
+            // Best effort: if `leader` is gone nobody reads it.
+            let _ = c.write_all(report.encode().as_bytes());
+        }
+    }
+
+    fn run(&mut self) -> u8 {
+        loop {
+            if let Some(why) = self.finished() {
+                let code = match why {
+                    Ended::Exited | Ended::Deadline | Ended::Stopped | Ended::Orphaned => {
+                        self.code.unwrap_or(1)
+                    }
+                    Ended::NotStarted => NOT_STARTED,
+                };
+                info!(
+                    why = why.as_str(),
+                    code, "the command and everything it started are gone"
+                );
+                self.report(Report::Done(why, code));
+                return code;
+            }
+            let due = self.due();
+            self.arm(due);
+            if boottime_ns() >= due {
+                self.act();
+                continue;
+            }
+            let mut fds = vec![
+                PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.timer.as_fd(), PollFlags::POLLIN),
+            ];
+            if let Some(c) = &self.control {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    // Cannot wait any more: end everything now rather than lose control.
+                    error!("poll failed ({e}); killing the command");
+                    self.kill_now(Ended::Stopped);
+                    std::thread::sleep(KILL_SWEEP);
+                }
+            }
+            self.read_signals();
+            self.read_control();
+            if boottime_ns() >= self.due() {
+                self.act();
+            }
+        }
+    }
+
+    /// `Some(why)` once the command has been reaped and no descendant is left.
+    fn finished(&self) -> Option<Ended> {
+        if self.command.is_some() || !self.empty {
+            return None;
+        }
+        Some(match self.phase {
+            Phase::Running => Ended::Exited,
+            Phase::Stopping { why, .. } | Phase::Killing { why } => why,
+        })
+    }
+
+    /// When the next timed action is due, on CLOCK_BOOTTIME.
+    fn due(&self) -> u64 {
+        match self.phase {
+            Phase::Running => self.deadline.saturating_sub(self.grace),
+            Phase::Stopping { kill_by, .. } => kill_by.min(self.deadline),
+            Phase::Killing { .. } => boottime_ns().saturating_add(nanos(KILL_SWEEP)),
+        }
+    }
+
+    fn arm(&self, at: u64) {
+        let at = TimeSpec::from_duration(Duration::from_nanos(at.max(1)));
+        if let Err(e) = self.timer.set(
+            Expiration::OneShot(at),
+            TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+        ) {
+            warn!("cannot arm the deadline timer ({e}); polling instead");
+        }
+    }
+
+    /// The timed action that is due now.
+    fn act(&mut self) {
+        match self.phase {
+            Phase::Running => {
+                warn!("the term's deadline is near and was not extended; stopping the command");
+                self.stop(Signal::SIGTERM, Ended::Deadline);
+            }
+            Phase::Stopping { why, .. } => self.kill_now(why),
+            Phase::Killing { why } => self.kill_now(why),
+        }
+    }
+
+    /// Sends `first` (and SIGCONT, so that stopped processes can act on it) to every
+    /// descendant; SIGKILL follows after the grace period or at the deadline.
+    fn stop(&mut self, first: Signal, why: Ended) {
+        if !matches!(self.phase, Phase::Running) {
+            return;
+        }
+        let kill_by = boottime_ns().saturating_add(self.grace);
+        self.phase = Phase::Stopping { kill_by, why };
+        let n = signal_descendants(Pid::this(), first);
+        signal_descendants(Pid::this(), Signal::SIGCONT);
+        info!(signal = %first, processes = n, why = why.as_str(), "stopping the command");
+    }
+
+    fn kill_now(&mut self, why: Ended) {
+        if !matches!(self.phase, Phase::Killing { .. }) {
+            warn!("killing whatever is left of the command (SIGKILL)");
+        }
+        self.phase = Phase::Killing { why };
+        signal_descendants(Pid::this(), Signal::SIGKILL);
+        self.reap();
+    }
+
+    fn read_signals(&mut self) {
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            let Ok(sig) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) else {
+                continue;
+            };
+            match sig {
+                Signal::SIGCHLD => {}
+                // `leader` forwards these over the socket; sent here directly they would
+                // reach the command twice (systemd signals the whole cgroup).
+                Signal::SIGUSR1 | Signal::SIGUSR2 => {}
+                _ => {
+                    info!(signal = %sig, "the supervisor was sent a signal");
+                    self.stop(sig, Ended::Stopped);
+                }
+            }
+        }
+        self.reap();
+    }
+
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => return,
+                Ok(status) => {
+                    if status.pid() == self.command {
+                        self.code = code_of(status);
+                        self.command = None;
+                        if matches!(self.phase, Phase::Running) {
+                            // Whatever it left behind must not outlive it.
+                            self.stop(Signal::SIGTERM, Ended::Exited);
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => {
+                    // ECHILD: no child left, hence (as a subreaper) no descendant.
+                    self.empty = true;
+                    self.command = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_control(&mut self) {
+        let Some(c) = &mut self.control else { return };
+        let mut buf = [0u8; 512];
+        let gone = loop {
+            match c.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        while let Some(end) = self.inbox.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.inbox.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]).into_owned();
+            match Request::parse(&line) {
+                Some(r) => self.handle(r),
+                None => warn!(line, "unknown control message"),
+            }
+        }
+        if gone {
+            self.control = None;
+            if matches!(self.phase, Phase::Running) {
+                warn!("the `leader` process is gone; stopping the command (the lease will expire)");
+                self.stop(Signal::SIGTERM, Ended::Orphaned);
+            }
+        }
+    }
+
+    fn handle(&mut self, request: Request) {
+        match request {
+            Request::Deadline(ns) => self.deadline = ns,
+            Request::Stop(sig) => self.stop(sig, Ended::Stopped),
+            Request::Kill => {
+                let why = match self.phase {
+                    Phase::Running => Ended::Stopped,
+                    Phase::Stopping { why, .. } | Phase::Killing { why } => why,
+                };
+                self.kill_now(why);
+            }
+            Request::Forward(sig) => {
+                if let Some(pid) = self.command {
+                    let _ = killpg(pid, sig);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for r in [
+            Request::Deadline(123_456_789),
+            Request::Stop(Signal::SIGINT),
+            Request::Kill,
+            Request::Forward(Signal::SIGUSR1),
+        ] {
+            let line = r.encode();
+            assert_eq!(Request::parse(line.trim_end()), Some(r), "{line}");
+        }
+        for r in [
+            Report::Started(42),
+            Report::Done(Ended::Deadline, 137),
+            Report::Done(Ended::NotStarted, NOT_STARTED),
+            Report::Done(Ended::Exited, 0),
+        ] {
+            let line = r.encode();
+            assert_eq!(Report::parse(line.trim_end()), Some(r), "{line}");
+        }
+        assert_eq!(Request::parse("stop banana"), None);
+        assert_eq!(Report::parse("done maybe 1"), None);
+    }
+}

@@ -1,0 +1,177 @@
+//! Helpers shared by the process-level tests of `leader`.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::Pid;
+
+pub const LEADER: &str = env!("CARGO_BIN_EXE_leader");
+
+/// The worker that the supervision tests run as the command (see its docstring).
+pub fn worker() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/worker.py")
+}
+
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+/// Whether the process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    if kill(Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|s| s.split_whitespace().next());
+    !matches!(state, Some("Z") | None)
+}
+
+pub fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// The exit status of `child` within `limit`: `Ok(code)` or `Err(signal)`.
+pub fn exit_status(child: &mut Child, limit: Duration) -> Result<i32, i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().ok_or_else(|| status.signal().unwrap_or(-1));
+        }
+        assert!(
+            start.elapsed() < limit,
+            "`leader` did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn exit_code(child: &mut Child, limit: Duration) -> i32 {
+    exit_status(child, limit).unwrap_or(-1)
+}
+
+/// Now on CLOCK_BOOTTIME (the clock the worker writes), in nanoseconds.
+pub fn boottime_ns() -> u64 {
+    Duration::from(clock_gettime(ClockId::CLOCK_BOOTTIME).unwrap()).as_nanos() as u64
+}
+
+/// Every pid below `root`, from /proc.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        if let Some(ppid) = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for (pid, ppid) in &parents {
+            if *ppid == p {
+                out.push(*pid);
+                next.push(*pid);
+            }
+        }
+    }
+    out
+}
+
+/// One line of the worker's log.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub kind: String,
+    pub token: u64,
+    pub pid: i32,
+    pub t: u64,
+}
+
+pub fn events(log: &Path) -> Vec<Event> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            assert_eq!(p.len(), 4, "malformed worker line {l:?}");
+            Event {
+                kind: p[0].to_owned(),
+                token: p[1].parse().unwrap(),
+                pid: p[2].parse().unwrap(),
+                t: p[3].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// What every process of one term did: first and last line, and the pids.
+#[derive(Debug, Default)]
+pub struct TermActivity {
+    pub first: u64,
+    pub last: u64,
+    pub pids: Vec<i32>,
+    pub started_at: Option<u64>,
+}
+
+pub fn by_term(events: &[Event]) -> BTreeMap<u64, TermActivity> {
+    let mut terms: BTreeMap<u64, TermActivity> = BTreeMap::new();
+    for e in events {
+        let a = terms.entry(e.token).or_insert_with(|| TermActivity {
+            first: e.t,
+            last: e.t,
+            ..Default::default()
+        });
+        a.first = a.first.min(e.t);
+        a.last = a.last.max(e.t);
+        if !a.pids.contains(&e.pid) {
+            a.pids.push(e.pid);
+        }
+        if e.kind == "start" {
+            a.started_at = Some(e.t);
+        }
+    }
+    terms
+}
+
+/// Asserts that no process of a term acted after the next term's command started.
+pub fn assert_no_overlap(events: &[Event]) {
+    let terms = by_term(events);
+    let list: Vec<(&u64, &TermActivity)> = terms.iter().collect();
+    for pair in list.windows(2) {
+        let (t1, a) = pair[0];
+        let (t2, b) = pair[1];
+        assert!(
+            a.last < b.first,
+            "term {t1} was still acting {:.3} s after term {t2} started",
+            (a.last - b.first) as f64 / 1e9
+        );
+    }
+}
