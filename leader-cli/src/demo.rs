@@ -92,7 +92,7 @@ async fn steps(
         .start_kill()
         .map_err(|e| fail(format!("cannot kill: {e}")))?;
     println!(
-        "demo: SIGKILL to demo-{first}'s `leader` (no release: the lease must expire; its watchdog stops the orphaned child)"
+        "demo: SIGKILL to demo-{first}'s `leader` (no release: the lease must expire; its supervisor stops the orphaned child)"
     );
     let (second, token2) = next_start(rx, give_up).await?;
     println!(

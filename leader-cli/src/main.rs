@@ -19,11 +19,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub(crate) mod exit {
     /// A malformed store URL, an unknown scheme, a backend not compiled in, bad arguments.
     pub(crate) const USAGE: u8 = 64;
-    /// The store is unreachable at startup, or rejects the credentials.
+    /// The store cannot be used and retrying will not help (missing place, credentials,
+    /// permissions).
     pub(crate) const UNAVAILABLE: u8 = 69;
     /// `--wait` ran out before this instance became leader.
     pub(crate) const NOT_LEADER_IN_TIME: u8 = 73;
-    /// Leadership was lost while the command ran (without `--supervise`).
+    /// Leadership was lost while the command ran, or the term ended before it could start
+    /// (without `--supervise`).
     pub(crate) const LOST: u8 = 75;
     /// A configuration error (timing rules, `--grace`, metadata, an invalid store setting).
     pub(crate) const CONFIG: u8 = 78;
@@ -46,23 +48,63 @@ impl Exit {
 }
 
 const AFTER_HELP: &str = "\
-Timing (all measured on this machine's monotonic clock):
-  A leader's term is valid until (send time of its last successful renew) + ttl - margin.
-  At that instant its command is sent SIGTERM (and SIGKILL after --grace), whether or not the
-  store answered. A follower takes over only after seeing the lease unchanged for a full ttl,
-  so the command is dead before anyone else can start theirs. A released lease (the command
-  exited, or `leader` got SIGTERM/SIGINT/SIGHUP) is taken over within one --retry-every.
-  Defaults: renew every ttl/3, poll every ttl/5, request timeout min(ttl/10, 2s),
-  margin max(ttl/10, 2 x request timeout), grace margin/2.
+Timing (measured on this machine's clocks, never another machine's):
+  A term is valid until (send time of its last successful renew) + ttl - margin: the deadline.
+  The command gets SIGTERM at deadline - grace and SIGKILL at the deadline, whether or not the
+  store answered, together with every process it started. A follower takes over only after
+  seeing the lease unchanged for a full ttl, which is after the deadline. A released lease is
+  taken over within one --retry-every. Defaults: renew every ttl/3, poll every ttl/5, request
+  timeout min(ttl/10, 2s), margin max(ttl/10, 2 x request timeout), grace half of
+  (ttl - margin - renew_every - request_timeout - 50ms), at most 10s.
+
+How the command runs:
+  A supervisor process, in a session of its own (Ctrl-C, `kill -- -PGID`, `timeout` and
+  SIGSTOP of leader's group do not reach it), starts the command in its own process group
+  and keeps every process it starts below itself (child subreaper), even one that calls
+  setsid or daemonizes. The command is killed by the kernel if the supervisor dies
+  (PR_SET_PDEATHSIG), and is never started once the term's deadline has passed (checked on
+  CLOCK_BOOTTIME right before exec). The lease is released only after the command and
+  everything it started are gone. The command shares leader's stdin, stdout and stderr but
+  has no controlling terminal: keys typed at the terminal reach leader, which passes the
+  signals on.
+
+Signals:
+  SIGTERM, SIGINT, SIGHUP, SIGQUIT to leader (or its whole process group): passed on to the
+    command and everything it started; SIGKILL after --grace (or at the deadline, if sooner);
+    then the lease is released and leader exits 128+N. A second such signal kills at once.
+  SIGUSR1, SIGUSR2: passed on to the command's process group; nothing else changes.
+  SIGTERM etc. sent to the supervisor too (systemd's stop, pkill leader): handled the same.
+  SIGKILL of leader (or its group): the supervisor stops the command (SIGTERM, SIGKILL after
+    --grace or at the deadline); the lease expires after its ttl.
+  SIGKILL of the supervisor: the kernel kills the command; leader kills whatever the command
+    started, releases the lease and exits 75.
+  SIGSTOP of leader (or its group, Ctrl-Z): the supervisor still stops the command at the
+    deadline; resumed, leader exits 75 (or campaigns again with --supervise).
+  Not covered: SIGKILL of leader and the supervisor at once (pkill -9 leader) kills the
+    command but not what it started (run it under `unshare --pid --fork --kill-child`, or
+    systemd); SIGSTOP of the supervisor and leader at once leaves the command running.
+
+Environment of the command:
+  LEADER_FENCING_TOKEN  the term's fencing token (pass it to the protected resource)
+  LEADER_HOLDER_ID      this instance's id     LEADER_KEY      the lease key
+  LEADER_STORE          the store URL          LEADER_TTL_MS   the lease duration, in ms
+  LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
+
+Logging: LEADER_LOG sets the filter (tracing syntax, default `info`, e.g. `warn` or
+  `leader_core=debug`); --log-format text|json (LEADER_LOG_FORMAT). Logs go to stderr.
 
 Exit codes:
   the command's own code (128+N if it died of signal N)
-  64  bad arguments, malformed store URL, unknown scheme, backend not compiled in
-  69  store unreachable at startup, or credentials rejected
-  73  --wait ran out before becoming leader
-  75  leadership lost while the command ran (without --supervise)
-  78  configuration error (timing rules, --grace)
-  128+N  `leader` itself was stopped by signal N before or while running the command
+  64   bad arguments or durations, malformed store URL, unknown scheme, backend not compiled in
+  69   the store cannot be used and retrying will not help: missing folder, container, table
+       or bucket, rejected credentials, permission denied, read-only folder
+  73   --wait ran out before becoming leader
+  75   leadership lost while the command ran, or the term ended before it could start
+       (without --supervise)
+  78   configuration error: timing rules, --grace, metadata, a record path that is a folder
+  126  the command cannot be executed      127  the command was not found
+  128+N  leader was stopped by signal N before or while running the command
+  Errors that may pass (store unreachable, throttled, timeouts) are retried, not fatal.
 
 Stores:
   file:///absolute/path/KEY   leases in files, for processes on one host (the embedded default)

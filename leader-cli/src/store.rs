@@ -16,7 +16,9 @@ pub(crate) struct StoreOptions {
     /// from the cloud's usual environment variables.
     #[arg(long, env = "LEADER_ENDPOINT")]
     pub(crate) endpoint: Option<String>,
-    /// Create the container or table if it is missing (off: a missing one is an error).
+    /// Create the folder (file://), container (azblob://) or table (dynamodb://) if it is
+    /// missing (off: a missing one is an error). Not supported for gs://: create the bucket
+    /// first.
     #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
     pub(crate) create_if_missing: bool,
 }
@@ -54,6 +56,11 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
         "file" => {
             if !rest.starts_with('/') {
                 return Err(usage("a file URL needs an absolute path: file:///dir/KEY"));
+            }
+            if rest.ends_with('/') {
+                return Err(usage(
+                    "the path must end with the lease key, not with '/': file:///dir/KEY",
+                ));
             }
             let path = PathBuf::from(rest);
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
@@ -137,6 +144,14 @@ pub(crate) async fn open(
         }
         #[cfg(feature = "gcs")]
         StoreUrl::Gcs { bucket, key } => {
+            if options.create_if_missing {
+                return Err(Exit::new(
+                    exit::CONFIG,
+                    format!(
+                        "--create-if-missing is not supported for gs:// (a bucket needs a project, a location and a storage class); create it first, e.g. `gcloud storage buckets create gs://{bucket}`"
+                    ),
+                ));
+            }
             let mut b = leader_gcs::GcsBuilder::from_env()
                 .with_bucket(bucket.clone())
                 .with_request_timeout(request_timeout);
@@ -194,6 +209,8 @@ mod tests {
             "gs://bucket-only",
             "dynamodb:///key",
             "file:///var/lib/bad key",
+            "file:///var/lib/leases/jobs/",
+            "file:///",
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.code, exit::USAGE, "{bad}");

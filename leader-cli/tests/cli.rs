@@ -6,14 +6,15 @@
     clippy::disallowed_methods // real processes need real time
 )]
 
+mod common;
+
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-const LEADER: &str = env!("CARGO_BIN_EXE_leader");
+use common::{LEADER, alive, exit_code, signal, wait_for};
+use nix::sys::signal::Signal;
 
 struct Dir(tempfile::TempDir);
 
@@ -55,50 +56,6 @@ fn candidate(dir: &Dir, id: &str, extra: &[&str], then: &str) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
-}
-
-/// Whether the process exists and is not a zombie (a killed orphan stays a zombie until the
-/// init process reaps it).
-fn alive(pid: i32) -> bool {
-    if kill(Pid::from_raw(pid), None).is_err() {
-        return false;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit(')')
-        .next()
-        .and_then(|s| s.split_whitespace().next());
-    !matches!(state, Some("Z") | None)
-}
-
-fn signal(child: &Child, sig: Signal) {
-    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
-}
-
-fn exit_code(child: &mut Child, limit: Duration) -> i32 {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(
-            start.elapsed() < limit,
-            "`leader` did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn parse(line: &str) -> (String, u64, i32) {
@@ -207,15 +164,17 @@ fn one_child_at_a_time_and_sigkill_fails_over_with_a_higher_token() {
     let killed_at = Instant::now();
     procs[index].kill().unwrap();
     procs[index].wait().unwrap();
-    // Its orphaned child learns through the watchdog and is gone long before a takeover.
-    let orphan_gone = wait_for("the orphaned child to stop", Duration::from_secs(3), || {
+    // Its supervisor sees `leader` go and stops the child long before a takeover.
+    wait_for("the orphaned child to stop", Duration::from_secs(3), || {
         !alive(child_pid)
     });
+    let orphan_gone = killed_at.elapsed();
     assert!(orphan_gone < Duration::from_millis(1500), "{orphan_gone:?}");
 
-    let took = wait_for("a new leader's child", Duration::from_secs(6), || {
+    wait_for("a new leader's child", Duration::from_secs(6), || {
         dir.lines("starts").len() == 2
     });
+    let took = killed_at.elapsed();
     let (holder2, token2, _) = parse(&dir.lines("starts")[1]);
     assert_ne!(holder2, holder);
     assert!(token2 > token1, "{token2} <= {token1}");
@@ -224,7 +183,6 @@ fn one_child_at_a_time_and_sigkill_fails_over_with_a_higher_token() {
         took <= Duration::from_millis(2400 + 600),
         "failover took {took:?}"
     );
-    let _ = killed_at;
     for (i, p) in procs.iter_mut().enumerate() {
         if i != index {
             signal(p, Signal::SIGTERM);
@@ -332,40 +290,6 @@ fn the_demo_runs() {
 }
 
 #[test]
-fn a_frozen_leaders_child_is_stopped_at_the_deadline_before_anyone_takes_over() {
-    let dir = Dir::new();
-    let mut a = candidate(&dir, "a", &[], "sleep 60");
-    wait_for("a's child", Duration::from_secs(10), || {
-        !dir.lines("starts").is_empty()
-    });
-    let mut b = candidate(&dir, "b", &[], "sleep 60");
-    std::thread::sleep(Duration::from_millis(700));
-    let (_, token1, child_a) = parse(&dir.lines("starts")[0]);
-    // Freeze `leader` itself (not its watchdog): renewals stop.
-    signal(&a, Signal::SIGSTOP);
-    let frozen = Instant::now();
-    // Term validity is ttl - margin = 1.6 s after the last renew; then SIGTERM to the child.
-    let stopped = wait_for("a's child to be stopped", Duration::from_secs(4), || {
-        !alive(child_a)
-    });
-    assert!(stopped <= Duration::from_millis(1600 + 500), "{stopped:?}");
-    wait_for("b's child", Duration::from_secs(6), || {
-        dir.lines("starts").len() == 2
-    });
-    let took = frozen.elapsed();
-    assert!(took >= stopped, "b started before a's child was stopped");
-    let (holder2, token2, _) = parse(&dir.lines("starts")[1]);
-    assert_eq!(holder2, "b");
-    assert!(token2 > token1);
-    // Resumed, a learns that its term is over and exits 75 without starting anything.
-    signal(&a, Signal::SIGCONT);
-    assert_eq!(exit_code(&mut a, Duration::from_secs(5)), 75);
-    assert_eq!(dir.lines("starts").len(), 2);
-    signal(&b, Signal::SIGTERM);
-    assert_eq!(exit_code(&mut b, Duration::from_secs(5)), 128 + 15);
-}
-
-#[test]
 fn supervise_runs_the_command_again_in_a_later_term() {
     let dir = Dir::new();
     // The command exits at once; with --supervise, `leader` releases, sits out one ttl, and
@@ -380,4 +304,313 @@ fn supervise_runs_the_command_again_in_a_later_term() {
     assert!(t2 > t1, "{starts:?}");
     signal(&a, Signal::SIGTERM);
     assert_eq!(exit_code(&mut a, Duration::from_secs(5)), 128 + 15);
+}
+
+/// `leader` with `args`, to its end: (exit code, stderr), within `limit`.
+fn run_with_stderr(args: &[&str], limit: Duration) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let err = dir.path().join("stderr");
+    let mut child = Command::new(LEADER)
+        .args(args)
+        .env("LEADER_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let code = exit_code(&mut child, limit);
+    (code, std::fs::read_to_string(err).unwrap())
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_never_a_panic() {
+    let dir = Dir::new();
+    let store = dir.store();
+    let ten = Duration::from_secs(10);
+    // Timing problems are named as such, not as a --grace problem.
+    let (code, err) = run_with_stderr(
+        &["run", "--store", &store, "--ttl", "0s", "--", "true"],
+        ten,
+    );
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("ttl must be greater than zero"), "{err}");
+    assert!(!err.contains("grace"), "{err}");
+    let (code, err) = run_with_stderr(
+        &["run", "--store", &store, "--ttl", "100ms", "--", "true"],
+        ten,
+    );
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("no room for a grace period"), "{err}");
+    // A short ttl that the rules allow just works.
+    let (code, err) = run_with_stderr(
+        &["run", "--store", &store, "--ttl", "1s", "--", "true"],
+        ten,
+    );
+    assert_eq!(code, 0, "{err}");
+    // Absurd durations are rejected by the parser (64), not a panic (101).
+    for flag in ["--wait", "--ttl", "--grace", "--renew-every"] {
+        let (code, err) = run_with_stderr(
+            &[
+                "run",
+                "--store",
+                &store,
+                flag,
+                "500000000000y",
+                "--",
+                "true",
+            ],
+            ten,
+        );
+        assert_eq!(code, 64, "{flag}: {err}");
+        assert!(
+            err.contains("366d") || err.contains("overflow"),
+            "{flag}: {err}"
+        );
+    }
+    let (code, err) = run_with_stderr(
+        &["run", "--store", &store, "--wait", "300d", "--", "true"],
+        ten,
+    );
+    assert_eq!(code, 0, "a long but sane --wait: {err}");
+    // A trailing slash does not silently name another lease.
+    let slash = format!("{store}/");
+    let (code, err) = run_with_stderr(&["run", "--store", &slash, "--", "true"], ten);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("must end with the lease key"), "{err}");
+    // The command cannot be found (127) or run (126), as in a shell.
+    let (code, err) = run_with_stderr(&["run", "--store", &store, "--", "/no/such/program"], ten);
+    assert_eq!(code, 127, "{err}");
+    let plain = dir.file("not-executable");
+    std::fs::write(&plain, "data").unwrap();
+    let plain = plain.display().to_string();
+    let (code, err) = run_with_stderr(&["run", "--store", &store, "--", &plain], ten);
+    assert_eq!(code, 126, "{err}");
+    // No message of a run that gave up says it is retrying.
+    assert!(!err.contains("retrying"), "{err}");
+}
+
+/// Runs `leader run` on `store` (as root, inside a private mount namespace where `ro_dir` is
+/// bind-mounted read-only: root ignores file modes) and returns (code, stderr, time taken).
+fn run_permanent(args: &[&str], ro_dir: Option<&Path>) -> (i32, String, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let err = dir.path().join("stderr");
+    let mut cmd = match ro_dir {
+        Some(ro) if nix::unistd::geteuid().is_root() => {
+            let mut c = Command::new("unshare");
+            c.args([
+                "--mount",
+                "sh",
+                "-c",
+                r#"mount --bind -o ro "$0" "$0" && exec "$@""#,
+            ])
+            .arg(ro)
+            .arg(LEADER);
+            c
+        }
+        Some(ro) => {
+            let mut perms = std::fs::metadata(ro).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o555);
+            std::fs::set_permissions(ro, perms).unwrap();
+            Command::new(LEADER)
+        }
+        None => Command::new(LEADER),
+    };
+    let start = Instant::now();
+    let mut child = cmd
+        .args(args)
+        .env("LEADER_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let code = exit_code(&mut child, Duration::from_secs(10));
+    (code, std::fs::read_to_string(err).unwrap(), start.elapsed())
+}
+
+#[test]
+fn permanent_store_errors_end_the_run_with_their_code() {
+    let dir = Dir::new();
+    let ro = dir.path().join("readonly");
+    std::fs::create_dir(&ro).unwrap();
+    let ro_store = format!("file://{}/job", ro.display());
+    let (code, err, took) = run_permanent(&["run", "--store", &ro_store, "--", "true"], Some(&ro));
+    assert_eq!(code, 69, "read-only folder: {err}");
+    assert!(
+        err.contains("permission denied") && err.contains("giving up"),
+        "{err}"
+    );
+    assert!(!err.contains("retrying"), "{err}");
+    eprintln!("read-only folder: exit 69 after {took:?}");
+
+    // The record path is a folder.
+    std::fs::create_dir(dir.path().join("job.lease")).unwrap();
+    let store = dir.store();
+    for args in [
+        vec!["run", "--store", &store, "--", "true"],
+        vec!["status", "--store", &store],
+    ] {
+        let (code, err, took) = run_permanent(&args, None);
+        assert_eq!(code, 78, "{args:?}: {err}");
+        assert!(err.contains("is a folder"), "{err}");
+        assert!(!err.contains("retrying"), "{err}");
+        assert!(took < Duration::from_secs(10));
+    }
+
+    // The folder is missing (status too: an error, not "nobody holds the lease").
+    let missing = format!("file://{}/nope/job", dir.path().display());
+    for args in [
+        vec!["run", "--store", &missing, "--", "true"],
+        vec!["status", "--store", &missing],
+    ] {
+        let (code, err, _) = run_permanent(&args, None);
+        assert_eq!(code, 69, "{args:?}: {err}");
+        assert!(err.contains("does not exist"), "{err}");
+    }
+}
+
+#[test]
+fn the_folder_removed_while_following_ends_the_campaign() {
+    let dir = Dir::new();
+    let lease_dir = dir.path().join("leases");
+    std::fs::create_dir(&lease_dir).unwrap();
+    let store = format!("file://{}/job", lease_dir.display());
+    let mut holder = Command::new(LEADER)
+        .args(["run", "--store", &store, "--ttl", "2s", "--", "sleep", "60"])
+        .env("LEADER_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the lease", Duration::from_secs(10), || {
+        lease_dir.join("job.lease").exists()
+    });
+    let mut follower = Command::new(LEADER)
+        .args(["run", "--store", &store, "--ttl", "2s", "--", "true"])
+        .env("LEADER_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    std::fs::remove_dir_all(&lease_dir).unwrap();
+    let removed = Instant::now();
+    assert_eq!(exit_code(&mut follower, Duration::from_secs(10)), 69);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut follower.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("does not exist"), "{err}");
+    eprintln!(
+        "folder removed: the follower gave up after {:?}",
+        removed.elapsed()
+    );
+    // The leader's term ends at its deadline (renewals fail), then its campaign ends too.
+    assert_eq!(exit_code(&mut holder, Duration::from_secs(10)), 75);
+}
+
+/// `leader __exec`, the process that execs the command, checks the deadline and its
+/// supervisor right before exec.
+#[test]
+fn the_command_is_not_started_after_the_deadline() {
+    let dir = Dir::new();
+    let marker = dir.file("ran");
+    let exec = |supervisor: u32, not_after: u64| {
+        Command::new(LEADER)
+            .arg("__exec")
+            .arg("--supervisor")
+            .arg(supervisor.to_string())
+            .arg("--not-after")
+            .arg(not_after.to_string())
+            .args(["--", "touch"])
+            .arg(&marker)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .code()
+    };
+    let me = std::process::id();
+    let now = common::boottime_ns();
+    assert_eq!(exec(me, now), Some(75), "deadline passed");
+    assert!(!marker.exists());
+    assert_eq!(
+        exec(1, now + 60_000_000_000),
+        Some(75),
+        "not our supervisor"
+    );
+    assert!(!marker.exists());
+    assert_eq!(exec(me, now + 60_000_000_000), Some(0));
+    assert!(marker.exists(), "within the term the command runs");
+}
+
+/// The command starts with no signal blocked and none of the stop signals ignored, whatever
+/// the supervisor does with its own.
+#[test]
+fn the_command_starts_with_a_clean_signal_state() {
+    let dir = Dir::new();
+    let out = Command::new(LEADER)
+        .args([
+            "run",
+            "--store",
+            &dir.store(),
+            "--",
+            "cat",
+            "/proc/self/status",
+        ])
+        .env("LEADER_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let status = String::from_utf8_lossy(&out.stdout);
+    let mask = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    assert_eq!(
+        mask("SigBlk:"),
+        0,
+        "blocked signals leaked into the command"
+    );
+    let ignored = mask("SigIgn:");
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGPIPE,
+    ] {
+        assert_eq!(ignored & (1 << (sig as i32 - 1)), 0, "{sig} is ignored");
+    }
+}
+
+/// Everything `leader run` gives the command.
+#[test]
+fn the_command_gets_its_environment() {
+    let dir = Dir::new();
+    let out = Command::new(LEADER)
+        .args([
+            "run",
+            "--store",
+            &dir.store(),
+            "--id",
+            "me",
+            "--ttl",
+            "3s",
+            "--grace",
+            "1s",
+        ])
+        .args(["--", "sh", "-c", "env | grep ^LEADER_ | sort"])
+        .env("LEADER_LOG", "warn")
+        .output()
+        .unwrap();
+    let env = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "LEADER_FENCING_TOKEN=1",
+        "LEADER_HOLDER_ID=me",
+        "LEADER_KEY=job",
+        &format!("LEADER_STORE={}", dir.store()),
+        "LEADER_TTL_MS=3000",
+        "LEADER_GRACE_MS=1000",
+    ] {
+        assert!(env.lines().any(|l| l == want), "{want} missing in:\n{env}");
+    }
 }

@@ -1,5 +1,10 @@
 //! `leader run` and `leader status` against each emulator backend.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods // real processes need real time
+)]
 
 use std::process::{Command, Stdio};
 
@@ -78,4 +83,80 @@ async fn leader_run_on_gcs() {
         .await
         .unwrap();
     run_twice(&format!("gs://{bucket}/job"), &[]);
+}
+
+/// `leader` with `args`: (exit code, stderr, time taken).
+fn run_to_end(args: &[&str]) -> (i32, String, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let out = Command::new(LEADER)
+        .args(args)
+        .env("LEADER_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        start.elapsed(),
+    )
+}
+
+/// A missing container/table/bucket ends `run` (and `status`) with exit 69 and a message
+/// naming it, at once and without "retrying".
+fn missing_place_is_permanent(store: &str, name: &str, check_status: bool) {
+    let mut cases = vec![vec!["run", "--store", store, "--", "true"]];
+    if check_status {
+        cases.push(vec!["status", "--store", store]);
+    }
+    for args in cases {
+        let (code, err, took) = run_to_end(&args);
+        assert_eq!(code, 69, "{args:?}: {err}");
+        assert!(
+            err.contains(name) && err.contains("does not exist"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("retrying"), "{err}");
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_container_is_an_error() {
+    let Some(_) = require(Emulator::Azurite).await else {
+        return;
+    };
+    let container = unique_name("missing");
+    missing_place_is_permanent(&format!("azblob://{container}/job"), &container, true);
+}
+
+#[tokio::test]
+async fn a_missing_table_is_an_error() {
+    let Some(_) = require(Emulator::DynamoDb).await else {
+        return;
+    };
+    let table = unique_name("missing");
+    missing_place_is_permanent(&format!("dynamodb://{table}/job"), &table, true);
+}
+
+#[tokio::test]
+async fn a_missing_bucket_is_an_error() {
+    let Some(_) = require(Emulator::Gcs).await else {
+        return;
+    };
+    let bucket = unique_name("missing");
+    let store = format!("gs://{bucket}/job");
+    // fake-gcs-server answers a read in a missing bucket like a read of a missing object (real
+    // GCS says "bucket does not exist", mapped in leader-gcs), so only `run`, whose first
+    // write meets the missing bucket, can tell here.
+    missing_place_is_permanent(&store, &bucket, false);
+    let (code, err, _) = run_to_end(&[
+        "run",
+        "--store",
+        &store,
+        "--create-if-missing",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("gcloud storage buckets create"), "{err}");
 }
