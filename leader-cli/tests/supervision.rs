@@ -120,8 +120,8 @@ impl Case {
     }
 
     /// Waits for b's command, then checks the invariants and stops b. Returns the time from
-    /// `sent` (CLOCK_BOOTTIME) to b's start.
-    fn check_takeover(&self, mut b: Child, sent: u64, what: &str) -> f64 {
+    /// `sent` (CLOCK_BOOTTIME) to b's start. `a_exited`: when `a` was seen to exit, if it did.
+    fn check_takeover(&self, mut b: Child, sent: u64, a_exited: Option<u64>, what: &str) -> f64 {
         wait_for("b's command", Duration::from_secs(15), || {
             self.has(2, "start")
         });
@@ -144,8 +144,11 @@ impl Case {
         let new = &terms[&2];
         let took = (new.started_at.unwrap() - sent) as f64 / 1e9;
         let gap = (new.first - old.last) as f64 / 1e9;
+        let exited = a_exited.map_or("-".to_owned(), |t| {
+            format!("{:.3}", t.saturating_sub(sent) as f64 / 1e9)
+        });
         eprintln!(
-            "MEASURED {what}: old term's last action {:.3} s after the signal, new command started {took:.3} s after it (gap {gap:.3} s, overlap 0)",
+            "MEASURED {what}: old term's last action {:.3} s after the signal, leader a exited {exited} s after it, new command started {took:.3} s after it (gap {gap:.3} s, overlap 0)",
             (old.last.saturating_sub(sent)) as f64 / 1e9
         );
         signal(&b, Signal::SIGTERM);
@@ -171,12 +174,18 @@ fn signal_to_the_group(sig: Signal) {
         "{}",
         case.stderr("a")
     );
+    let exited = boottime_ns();
     let events = case.events();
     assert!(
         events.iter().any(|e| e.token == 1 && e.kind == "stop"),
         "the command got the signal and finished its work: {events:?}"
     );
-    let took = case.check_takeover(b, sent, &format!("{sig} to leader's process group"));
+    let took = case.check_takeover(
+        b,
+        sent,
+        Some(exited),
+        &format!("{sig} to leader's process group"),
+    );
     // Graceful: the release comes right after the daemon's SIGKILL at grace (1.3 s), not a
     // lease expiry (3 s).
     assert!(
@@ -209,7 +218,7 @@ fn sigkill_to_the_group() {
     let sent = boottime_ns();
     killpg(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
     assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
-    let took = case.check_takeover(b, sent, "SIGKILL to leader's process group");
+    let took = case.check_takeover(b, sent, None, "SIGKILL to leader's process group");
     assert!(
         took > 1.5,
         "the lease was released although leader was killed"
@@ -238,7 +247,8 @@ fn sigkill_of_the_supervisor_alone() {
         "{}",
         case.stderr("a")
     );
-    case.check_takeover(b, sent, "SIGKILL of the supervisor alone");
+    let exited = boottime_ns();
+    case.check_takeover(b, sent, Some(exited), "SIGKILL of the supervisor alone");
 }
 
 /// systemd's stop (KillMode=control-group) and `pkill leader`: SIGTERM to every process at
@@ -268,8 +278,14 @@ fn sigterm_to_every_process_at_once() {
         "{}",
         case.stderr("a")
     );
+    let exited = boottime_ns();
     assert!(case.has(1, "stop"), "the command finished its work");
-    let took = case.check_takeover(b, sent, "SIGTERM to every process (systemd, pkill)");
+    let took = case.check_takeover(
+        b,
+        sent,
+        Some(exited),
+        "SIGTERM to every process (systemd, pkill)",
+    );
     assert!(
         took < 2.8,
         "handover took {took:.3} s: the lease was not released"
@@ -292,8 +308,9 @@ fn timeout_stops_leader() {
         "{}",
         case.stderr("a")
     );
+    let exited = boottime_ns();
     let sent = start + 2_500_000_000;
-    case.check_takeover(b, sent, "timeout 2.5 leader run");
+    case.check_takeover(b, sent, Some(exited), "timeout 2.5 leader run");
 }
 
 /// SIGSTOP of `leader`'s process group: renewals stop; the supervisor (not in that group)
@@ -325,7 +342,7 @@ fn sigstop_of_the_group() {
         "{}",
         case.stderr("a")
     );
-    case.check_takeover(b, sent, "SIGSTOP of leader's process group");
+    case.check_takeover(b, sent, None, "SIGSTOP of leader's process group");
 }
 
 /// A real terminal: `leader run` typed into a shell under tmux, then Ctrl-C.
@@ -387,8 +404,9 @@ fn ctrl_c_in_a_terminal() {
         "{}",
         case.stderr("a")
     );
+    let exited = boottime_ns();
     assert!(case.has(1, "stop"), "the command got SIGINT and finished");
-    let took = case.check_takeover(b, sent, "Ctrl-C in tmux");
+    let took = case.check_takeover(b, sent, Some(exited), "Ctrl-C in tmux");
     assert!(
         took < 2.8,
         "handover took {took:.3} s: the lease was not released"
