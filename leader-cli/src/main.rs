@@ -71,7 +71,8 @@ How the command runs:
 Signals:
   SIGTERM, SIGINT, SIGHUP, SIGQUIT to leader (or its whole process group): passed on to the
     command and everything it started; SIGKILL after --grace (or at the deadline, if sooner);
-    then the lease is released and leader exits 128+N. A second such signal kills at once.
+    then the lease is released and leader exits 128+N. Another such signal a second or more
+    later kills at once.
   SIGUSR1, SIGUSR2: passed on to the command's process group; nothing else changes.
   SIGTERM etc. sent to the supervisor too (systemd's stop, pkill leader): handled the same.
   SIGKILL of leader (or its group): the supervisor stops the command (SIGTERM, SIGKILL after

@@ -70,6 +70,9 @@ pub(crate) struct RunArgs {
 /// deadline on, and for the supervisor to wake up and signal.
 pub(crate) const SUPERVISOR_SLACK: Duration = Duration::from_millis(50);
 
+/// A stop signal this long after the first kills the command at once.
+const REPEAT_TO_KILL: Duration = Duration::from_secs(1);
+
 /// The longest default grace period.
 const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
@@ -385,6 +388,7 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
     let mut done: Option<(Ended, u8)> = None;
     let mut started = false;
     let mut backstop_fired = false;
+    let mut signalled_at: Option<Instant> = None;
     let backstop_after = ctx.timing.margin / 2;
     let status = loop {
         // The supervisor enforces the deadline; if it does not (frozen), this process kills it
@@ -395,9 +399,14 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
             got = signals.recv() => match got {
                 Received::Stop(sig) => {
                     if let Some(Outcome::Signalled(_)) = stopping {
-                        warn!(signal = %sig, "second signal: killing the command now");
-                        send(&mut writer, Request::Kill).await;
+                        // `timeout` and systemd may deliver one stop twice (to the process,
+                        // then to its group); only a later, deliberate second signal kills.
+                        if signalled_at.is_some_and(|t| t.elapsed() >= REPEAT_TO_KILL) {
+                            warn!(signal = %sig, "second signal: killing the command now");
+                            send(&mut writer, Request::Kill).await;
+                        }
                     } else {
+                        signalled_at = Some(Instant::now());
                         info!(signal = %sig, "stopping the command (SIGKILL after the grace period)");
                         send(&mut writer, Request::Stop(sig)).await;
                         stopping = Some(Outcome::Signalled(sig));

@@ -614,3 +614,49 @@ fn the_command_gets_its_environment() {
         assert!(env.lines().any(|l| l == want), "{want} missing in:\n{env}");
     }
 }
+
+/// A second stop signal a second or more after the first kills the command at once; the same
+/// signal delivered twice in a row (as `timeout` does) is one stop.
+#[test]
+fn a_deliberate_second_signal_kills_at_once() {
+    let dir = Dir::new();
+    let stderr = dir.file("stderr");
+    let mut a = Command::new(LEADER)
+        .args([
+            "run",
+            "--store",
+            &dir.store(),
+            "--ttl",
+            "4s",
+            "--grace",
+            "1400ms",
+        ])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.1; done",
+            dir.file("pid").display()
+        ))
+        .env("LEADER_LOG", "info")
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the command", Duration::from_secs(10), || {
+        std::fs::read_to_string(dir.file("pid")).is_ok_and(|s| s.ends_with('\n'))
+    });
+    // Twice in quick succession (timeout signals the process, then its group): one stop.
+    signal(&a, Signal::SIGINT);
+    std::thread::sleep(Duration::from_millis(50));
+    signal(&a, Signal::SIGINT);
+    std::thread::sleep(Duration::from_millis(1050));
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(!log.contains("second signal"), "{log}");
+    // A second later: killed now, not at the end of the grace period.
+    signal(&a, Signal::SIGINT);
+    assert_eq!(exit_code(&mut a, Duration::from_secs(5)), 130);
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        log.contains("second signal: killing the command now"),
+        "{log}"
+    );
+}

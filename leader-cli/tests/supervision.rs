@@ -309,6 +309,8 @@ fn timeout_stops_leader() {
         case.stderr("a")
     );
     let exited = boottime_ns();
+    // timeout signals leader and then its process group: one stop, not an escalation.
+    assert!(case.has(1, "stop"), "the command finished its work");
     let sent = start + 2_500_000_000;
     case.check_takeover(b, sent, Some(exited), "timeout 2.5 leader run");
 }
