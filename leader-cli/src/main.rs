@@ -78,7 +78,9 @@ Signals:
   SIGKILL of leader (or its group): the supervisor stops the command (SIGTERM, SIGKILL after
     --grace or at the deadline); the lease expires after its ttl.
   SIGKILL of the supervisor: the kernel kills the command; leader kills whatever the command
-    started, releases the lease and exits 75.
+    started, leaves the lease to expire and exits 75. A supervisor that does not act (frozen)
+    is killed by leader the same way, half a margin after the deadline or a second after the
+    grace period of a requested stop.
   SIGSTOP of leader (or its group, Ctrl-Z): the supervisor still stops the command at the
     deadline; resumed, leader exits 75 (or campaigns again with --supervise).
   Not covered: SIGKILL of leader and the supervisor at once (pkill -9 leader) kills the
@@ -92,7 +94,8 @@ Environment of the command:
   LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
 
 Logging: LEADER_LOG sets the filter (tracing syntax, default `info`, e.g. `warn` or
-  `leader_core=debug`); --log-format text|json (LEADER_LOG_FORMAT). Logs go to stderr.
+  `leader_core=debug`); --log-format text|json (LEADER_LOG_FORMAT). Logs go to stderr through
+  a buffer that drops lines rather than block, so a stuck stderr never delays a stop.
 
 Exit codes:
   the command's own code (128+N if it died of signal N)
@@ -122,7 +125,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -157,18 +160,26 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr through a writer thread that drops lines rather than block: a stuck stderr
+/// (a pager that is not reading, a stalled log collector) must never stop `leader` or its
+/// supervisor from acting at a deadline. Keep the guard until exit (it flushes, for 1 s at most).
+pub(crate) fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("leader-log")
+        .finish(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEADER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 fn main() -> ExitCode {
@@ -182,13 +193,11 @@ fn main() -> ExitCode {
     };
     let command = match cli.command {
         Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
-        Command::Supervise(args) => {
-            init_logging(cli.log_format);
-            return ExitCode::from(supervisor::run(args));
-        }
+        // The supervisor starts its logging itself, once its signals are blocked.
+        Command::Supervise(args) => return ExitCode::from(supervisor::run(args, cli.log_format)),
         other => other,
     };
-    init_logging(cli.log_format);
+    let _log = init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -16,7 +16,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
-use tokio::net::unix::OwnedWriteHalf;
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -116,6 +115,9 @@ enum Outcome {
     Lost,
     /// `leader` was asked to stop by this signal; the command was stopped.
     Signalled(Signal),
+    /// The supervisor died (after a stop signal, if `Some`); the kernel killed the command and
+    /// this process what it had started. The lease is left to expire (DESIGN.md).
+    SupervisorLost(Option<Signal>),
 }
 
 /// What `leader` does with the signals it receives.
@@ -238,6 +240,8 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     }
 
     let mut signals = Signals::new()?;
+    // Before the elector can send its first acquire (see BootClock).
+    let mut clock = BootClock::new();
     let handle = elector.spawn();
     let holder = handle.holder_id().clone();
     info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, ?grace, "campaigning");
@@ -281,7 +285,21 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
             },
         };
         info!(token = %term.token(), "became leader; starting the command");
-        let outcome = supervise(&ctx, &term, &mut signals).await?;
+        let outcome = supervise(&ctx, &term, &mut signals, &mut clock).await?;
+        if let Outcome::SupervisorLost(signalled) = outcome {
+            // DESIGN.md: with the supervisor gone, the lease is left to expire. Holding the
+            // term through the step-down keeps the elector from releasing it (it stops
+            // renewing and waits for the term's work until the deadline).
+            warn!("the supervisor died; the lease is left to expire");
+            if args.supervise && signalled.is_none() {
+                let _ = handle.resign().await;
+                drop(term);
+                continue;
+            }
+            handle.shutdown().await;
+            drop(term);
+            return Ok(signalled.map_or(exit::LOST, |sig| 128 + sig as u8));
+        }
         drop(term);
         match outcome {
             Outcome::Exited(code) => {
@@ -308,6 +326,7 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
                 handle.shutdown().await;
                 return Ok(128 + sig as u8);
             }
+            Outcome::SupervisorLost(_) => return Ok(exit::LOST),
         }
     }
 }
@@ -331,39 +350,72 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// `at` on CLOCK_BOOTTIME, the clock the supervisor keeps deadlines on.
-fn boottime_of(at: Instant) -> u64 {
-    boottime_ns().saturating_add(nanos(at.saturating_duration_since(Instant::now())))
+/// Converts the elector's deadlines (tokio `Instant`s, on CLOCK_MONOTONIC, which stands still
+/// while the machine is suspended) to CLOCK_BOOTTIME for the supervisor, never later than the
+/// truth: a deadline was computed from a send time after the previous conversion, so any
+/// suspend since that conversion is subtracted (a suspend can only make the true deadline
+/// earlier on CLOCK_BOOTTIME).
+#[derive(Debug)]
+pub(crate) struct BootClock {
+    boot: u64,
+    at: Instant,
 }
 
-async fn send(to: &mut Option<OwnedWriteHalf>, request: Request) {
-    if let Some(w) = to
-        && w.write_all(request.encode().as_bytes()).await.is_err()
-    {
-        // The supervisor is gone; its exit is handled where it is awaited.
-        *to = None;
+impl BootClock {
+    pub(crate) fn new() -> Self {
+        Self {
+            boot: boottime_ns(),
+            at: Instant::now(),
+        }
+    }
+
+    fn boot_deadline(&mut self, deadline: Instant) -> u64 {
+        self.convert(boottime_ns(), Instant::now(), deadline)
+    }
+
+    fn convert(&mut self, boot_now: u64, now: Instant, deadline: Instant) -> u64 {
+        let suspended = boot_now
+            .saturating_sub(self.boot)
+            .saturating_sub(nanos(now.saturating_duration_since(self.at)));
+        self.boot = boot_now;
+        self.at = now;
+        boot_now
+            .saturating_add(nanos(deadline.saturating_duration_since(now)))
+            .saturating_sub(suspended)
     }
 }
 
 /// Kills everything a dead supervisor left behind (re-parented to this process, a child
-/// subreaper) and reaps it; returns when nothing is left.
+/// subreaper; this may include helpers a cloud SDK started) and reaps it. Returns only when
+/// nothing is left: until then, the lease must be neither released nor campaigned for.
 fn kill_leftovers() {
-    for _ in 0..1000 {
-        let me = Pid::this();
-        if signal_descendants(me, Signal::SIGKILL) == 0 {
-            return;
-        }
+    let me = Pid::this();
+    let mut rounds = 0u64;
+    while signal_descendants(me, Signal::SIGKILL) > 0 {
         for pid in crate::process_tree::descendants(me) {
             let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        rounds += 1;
+        if rounds.is_multiple_of(1000) {
+            error!(
+                "processes the command started are still alive after SIGKILL (uninterruptible sleep?); waiting for them"
+            );
         }
         #[allow(clippy::disallowed_methods)] // on a blocking thread
         std::thread::sleep(Duration::from_millis(10));
     }
-    error!("processes left by the supervisor are still alive after 10 s of SIGKILL");
 }
 
+/// How long a supervisor may take to finish a requested stop before this process kills it.
+const STOP_SLACK: Duration = Duration::from_secs(1);
+
 /// Runs the command for one term, through a supervisor process, until it has stopped.
-async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<Outcome, Exit> {
+async fn supervise(
+    ctx: &Ctx<'_>,
+    term: &Term,
+    signals: &mut Signals,
+    clock: &mut BootClock,
+) -> Result<Outcome, Exit> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |e: std::io::Error| Exit::new(exit::UNAVAILABLE, format!("{what}: {e}"))
@@ -374,26 +426,42 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
         .map_err(io("cannot create the control folder"))?;
     let socket = control_dir.path().join("control");
     let listener = UnixListener::bind(&socket).map_err(io("cannot create the control socket"))?;
-    let mut supervisor = spawn_supervisor(ctx, term, &socket)?;
+    let supervisor = spawn_supervisor(ctx, term, &socket, clock.boot_deadline(term.deadline()))?;
     let pid = Pid::from_raw(i32::try_from(supervisor.id()).unwrap_or(i32::MAX));
+    // Reaped below with waitpid, only once nothing will signal it any more (no pid reuse).
+    drop(supervisor);
     let (exited_tx, mut exited) = oneshot::channel();
     std::thread::spawn(move || {
-        let _ = exited_tx.send(supervisor.wait());
+        use nix::sys::wait::{Id, WaitPidFlag, waitid};
+        let _ = exited_tx.send(waitid(
+            Id::Pid(pid),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        ));
     });
 
-    let mut writer: Option<OwnedWriteHalf> = None;
+    // Requests go through a queue and a writer task, so that a supervisor that does not read
+    // (frozen) never blocks this loop; requests made before it connects wait in the queue.
+    let (requests, mut queue) = tokio::sync::mpsc::unbounded_channel::<Request>();
+    let mut writer_task = None;
     let mut reader = None;
     let mut leadership = ctx.handle.leadership();
     let mut stopping: Option<Outcome> = None;
+    let mut stop_requested: Option<Instant> = None;
     let mut done: Option<(Ended, u8)> = None;
     let mut started = false;
     let mut backstop_fired = false;
-    let mut signalled_at: Option<Instant> = None;
     let backstop_after = ctx.timing.margin / 2;
-    let status = loop {
-        // The supervisor enforces the deadline; if it does not (frozen), this process kills it
-        // (and with it the command) halfway through the margin.
-        let backstop = term.deadline() + backstop_after;
+    let send = |r: Request| {
+        let _ = requests.send(r);
+    };
+    loop {
+        // The supervisor enforces the deadline and the grace period; if it does not (frozen),
+        // this process kills it (and with it the command) halfway through the margin, or a
+        // little after the grace period of a requested stop.
+        let mut backstop = term.deadline() + backstop_after;
+        if let Some(at) = stop_requested {
+            backstop = backstop.min(at + ctx.grace + STOP_SLACK);
+        }
         tokio::select! {
             biased;
             got = signals.recv() => match got {
@@ -401,30 +469,32 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
                     if let Some(Outcome::Signalled(_)) = stopping {
                         // `timeout` and systemd may deliver one stop twice (to the process,
                         // then to its group); only a later, deliberate second signal kills.
-                        if signalled_at.is_some_and(|t| t.elapsed() >= REPEAT_TO_KILL) {
+                        if stop_requested.is_some_and(|t| t.elapsed() >= REPEAT_TO_KILL) {
+                            send(Request::Kill);
                             warn!(signal = %sig, "second signal: killing the command now");
-                            send(&mut writer, Request::Kill).await;
                         }
                     } else {
-                        signalled_at = Some(Instant::now());
-                        info!(signal = %sig, "stopping the command (SIGKILL after the grace period)");
-                        send(&mut writer, Request::Stop(sig)).await;
+                        send(Request::Stop(sig));
+                        stop_requested = Some(Instant::now());
                         stopping = Some(Outcome::Signalled(sig));
+                        info!(signal = %sig, "stopping the command (SIGKILL after the grace period)");
                     }
                 }
-                Received::Forward(sig) => send(&mut writer, Request::Forward(sig)).await,
+                Received::Forward(sig) => send(Request::Forward(sig)),
             },
-            status = &mut exited => break status,
-            conn = listener.accept(), if writer.is_none() && reader.is_none() => {
+            _ = &mut exited => break,
+            conn = listener.accept(), if writer_task.is_none() => {
                 let (stream, _) = conn.map_err(io("control socket"))?;
-                let (r, w) = stream.into_split();
+                let (r, mut w) = stream.into_split();
                 reader = Some(BufReader::new(r).lines());
-                writer = Some(w);
-                // A deadline that moved while the supervisor started.
-                send(&mut writer, Request::Deadline(boottime_of(term.deadline()))).await;
-                if let Some(Outcome::Signalled(sig)) = stopping {
-                    send(&mut writer, Request::Stop(sig)).await;
-                }
+                let mut queue = std::mem::replace(&mut queue, tokio::sync::mpsc::unbounded_channel().1);
+                writer_task = Some(tokio::spawn(async move {
+                    while let Some(r) = queue.recv().await {
+                        if w.write_all(r.encode().as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                }));
             }
             line = next_line(&mut reader) => match line.as_deref().and_then(Report::parse) {
                 Some(Report::Started(child)) => {
@@ -439,7 +509,8 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
                 }
             },
             _ = term.cancelled(), if stopping.is_none() => {
-                send(&mut writer, Request::Stop(Signal::SIGTERM)).await;
+                send(Request::Stop(Signal::SIGTERM));
+                stop_requested = Some(Instant::now());
                 stopping = Some(Outcome::Lost);
             }
             changed = leadership.changed() => {
@@ -451,16 +522,20 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
                     _ => None,
                 };
                 if let Some(d) = deadline {
-                    send(&mut writer, Request::Deadline(boottime_of(d))).await;
+                    send(Request::Deadline(clock.boot_deadline(d)));
                 }
             }
             _ = tokio::time::sleep_until(backstop), if !backstop_fired => {
-                error!("the supervisor did not stop the command by the deadline; killing it");
+                // Still unreaped (WNOWAIT above), so the pid is still the supervisor's.
                 let _ = kill(pid, Signal::SIGKILL);
                 backstop_fired = true;
+                error!("the supervisor did not stop the command in time; killed it");
             }
         }
-    };
+    }
+    if let Some(t) = writer_task {
+        t.abort();
+    }
     // Reports written just before the supervisor exited.
     while let (None, Some(r)) = (done, reader.as_mut()) {
         match r.next_line().await {
@@ -472,6 +547,10 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
             Ok(None) | Err(_) => break,
         }
     }
+    let status = tokio::task::spawn_blocking(move || nix::sys::wait::waitpid(pid, None))
+        .await
+        .ok()
+        .and_then(Result::ok);
     let outcome = match done {
         Some((Ended::Exited, code)) => match stopping {
             Some(s) => s,
@@ -485,27 +564,21 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
         None => {
             // The supervisor died (SIGKILL, or a crash): the kernel killed the command
             // (PR_SET_PDEATHSIG); whatever else it started is now ours to kill.
-            let killed = status.ok().and_then(|s| s.ok()).map(|s| {
-                use std::os::unix::process::ExitStatusExt;
-                s.signal()
-            });
-            warn!(
-                ?killed,
-                "the supervisor died; killing whatever the command left behind"
-            );
-            tokio::task::spawn_blocking(kill_leftovers)
-                .await
-                .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cleanup: {e}")))?;
-            if !started && !backstop_fired && killed == Some(None) {
+            let killed = matches!(status, Some(nix::sys::wait::WaitStatus::Signaled(..)));
+            if !started && !killed && !backstop_fired {
                 return Err(Exit::new(
                     exit::UNAVAILABLE,
                     "the supervisor could not start (see the error above)",
                 ));
             }
-            match stopping {
-                Some(Outcome::Signalled(sig)) => Outcome::Signalled(sig),
-                _ => Outcome::Lost,
-            }
+            warn!("the supervisor died; killing whatever the command left behind");
+            tokio::task::spawn_blocking(kill_leftovers)
+                .await
+                .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cleanup: {e}")))?;
+            Outcome::SupervisorLost(match stopping {
+                Some(Outcome::Signalled(sig)) => Some(sig),
+                _ => None,
+            })
         }
     };
     Ok(outcome)
@@ -524,6 +597,7 @@ fn spawn_supervisor(
     ctx: &Ctx<'_>,
     term: &Term,
     socket: &Path,
+    deadline: u64,
 ) -> Result<std::process::Child, Exit> {
     let exe = std::env::current_exe()
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("own executable: {e}")))?;
@@ -537,7 +611,7 @@ fn spawn_supervisor(
         .arg("--grace")
         .arg(format!("{}ns", ctx.grace.as_nanos()))
         .arg("--deadline")
-        .arg(boottime_of(term.deadline()).to_string())
+        .arg(deadline.to_string())
         .arg("--")
         .args(&args.command)
         .env("LEADER_FENCING_TOKEN", term.token().to_string())
@@ -578,6 +652,37 @@ mod tests {
         assert!(e.message.contains("--grace"), "{}", e.message);
         let long = Timing::from_ttl(Duration::from_secs(600));
         assert_eq!(check_grace(None, &long).unwrap(), MAX_DEFAULT_GRACE);
+    }
+
+    #[test]
+    fn a_suspend_never_moves_a_deadline_later() {
+        let t0 = Instant::now();
+        let mut clock = BootClock {
+            boot: 1_000_000_000,
+            at: t0,
+        };
+        let s = 1_000_000_000;
+        // No suspend: exact. 5 s later on both clocks, a deadline 2 s ahead.
+        let d = clock.convert(
+            1_000_000_000 + 5 * s,
+            t0 + Duration::from_secs(5),
+            t0 + Duration::from_secs(7),
+        );
+        assert_eq!(d, 1_000_000_000 + 7 * s);
+        // A 60 s suspend since the last conversion (CLOCK_BOOTTIME ran on, the monotonic clock
+        // did not): the renewed deadline, computed from a send before the suspend, is not
+        // pushed 60 s later; it is already past.
+        let now = t0 + Duration::from_secs(6);
+        let d = clock.convert(1_000_000_000 + 66 * s, now, t0 + Duration::from_secs(8));
+        assert_eq!(d, 1_000_000_000 + 8 * s);
+        assert!(d < 1_000_000_000 + 66 * s);
+        // After that, conversions are exact again.
+        let d = clock.convert(
+            1_000_000_000 + 67 * s,
+            t0 + Duration::from_secs(7),
+            t0 + Duration::from_secs(9),
+        );
+        assert_eq!(d, 1_000_000_000 + 69 * s);
     }
 
     #[test]

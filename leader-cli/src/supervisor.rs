@@ -258,12 +258,12 @@ struct Supervisor {
 }
 
 /// `leader __supervise`. Its exit code is the command's.
-pub(crate) fn run(args: SuperviseArgs) -> u8 {
-    match Supervisor::start(&args) {
-        Ok(Some(mut s)) => s.run(),
-        Ok(None) => NOT_STARTED,
+pub(crate) fn run(args: SuperviseArgs, log_format: crate::LogFormat) -> u8 {
+    match Supervisor::start(&args, log_format) {
+        Ok((Some(mut s), _log)) => s.run(),
+        Ok((None, _log)) => NOT_STARTED,
         Err(e) => {
-            error!("the supervisor cannot start: {e}");
+            eprintln!("leader: the supervisor cannot start: {e}");
             crate::exit::UNAVAILABLE
         }
     }
@@ -274,8 +274,12 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl Supervisor {
-    /// Sets up, then starts the command unless the deadline is too close.
-    fn start(args: &SuperviseArgs) -> Result<Option<Self>, String> {
+    /// Sets up, then starts the command unless the deadline is too close. Returns the logging
+    /// guard too (keep it until exit).
+    fn start(
+        args: &SuperviseArgs,
+        log_format: crate::LogFormat,
+    ) -> Result<(Option<Self>, tracing_appender::non_blocking::WorkerGuard), String> {
         let step = |what: &'static str| move |e: Errno| format!("{what}: {e}");
         nix::unistd::setsid().map_err(step("setsid"))?;
         nix::sys::prctl::set_child_subreaper(true).map_err(step("child subreaper"))?;
@@ -284,6 +288,9 @@ impl Supervisor {
             mask.add(s);
         }
         mask.thread_block().map_err(step("block signals"))?;
+        // After blocking: the log writer thread inherits the mask, so every signal reaches the
+        // signalfd, never that thread.
+        let log = crate::init_logging(log_format);
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
             .map_err(step("signalfd"))?;
         let timer = TimerFd::new(
@@ -294,7 +301,7 @@ impl Supervisor {
         let control = match UnixStream::connect(&args.control) {
             Ok(c) => c,
             // `leader` is gone already: nothing may start.
-            Err(_) => return Ok(None),
+            Err(_) => return Ok((None, log)),
         };
         control
             .set_nonblocking(true)
@@ -316,7 +323,7 @@ impl Supervisor {
         if boottime_ns() >= not_after {
             warn!("the term ended before the command could start; not starting it");
             s.report(Report::Done(Ended::NotStarted, NOT_STARTED));
-            return Ok(None);
+            return Ok((None, log));
         }
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
         let child = Command::new(exe)
@@ -334,7 +341,7 @@ impl Supervisor {
         drop(child);
         s.command = Some(pid);
         s.report(Report::Started(pid.as_raw()));
-        Ok(Some(s))
+        Ok((Some(s), log))
     }
 
     fn report(&mut self, report: Report) {
@@ -377,16 +384,18 @@ impl Supervisor {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
                     // Cannot wait any more: end everything now rather than lose control.
-                    error!("poll failed ({e}); killing the command");
                     self.kill_now(Ended::Stopped);
+                    error!("poll failed ({e}); killed the command");
                     std::thread::sleep(KILL_SWEEP);
                 }
             }
             self.read_signals();
-            self.read_control();
+            // A due action first: a deadline extension read after it (one delayed by a
+            // suspend, say) must not save the command.
             if boottime_ns() >= self.due() {
                 self.act();
             }
+            self.read_control();
         }
     }
 
@@ -424,8 +433,8 @@ impl Supervisor {
     fn act(&mut self) {
         match self.phase {
             Phase::Running => {
-                warn!("the term's deadline is near and was not extended; stopping the command");
                 self.stop(Signal::SIGTERM, Ended::Deadline);
+                warn!("the term's deadline is near and was not extended; stopping the command");
             }
             Phase::Stopping { why, .. } => self.kill_now(why),
             Phase::Killing { why } => self.kill_now(why),
@@ -446,11 +455,12 @@ impl Supervisor {
     }
 
     fn kill_now(&mut self, why: Ended) {
-        if !matches!(self.phase, Phase::Killing { .. }) {
-            warn!("killing whatever is left of the command (SIGKILL)");
-        }
+        let first = !matches!(self.phase, Phase::Killing { .. });
         self.phase = Phase::Killing { why };
         signal_descendants(Pid::this(), Signal::SIGKILL);
+        if first {
+            warn!("killed whatever was left of the command (SIGKILL)");
+        }
         self.reap();
     }
 
@@ -529,7 +539,12 @@ impl Supervisor {
 
     fn handle(&mut self, request: Request) {
         match request {
-            Request::Deadline(ns) => self.deadline = ns,
+            // Only a running command's deadline moves, and only while its stop is not due yet.
+            Request::Deadline(ns) => {
+                if matches!(self.phase, Phase::Running) && boottime_ns() < self.due() {
+                    self.deadline = ns;
+                }
+            }
             Request::Stop(sig) => self.stop(sig, Ended::Stopped),
             Request::Kill => {
                 let why = match self.phase {

@@ -3,7 +3,7 @@
 //! survives.
 //!
 //! Each case runs two `leader run` instances, `a` and `b`, on one file store (ttl 3 s, renew
-//! every 500 ms, grace 1.3 s). Their command is `tests/worker.py`: it takes one second to finish
+//! every 500 ms, grace 1.3 s). Their command is `tests/worker.py`: it takes 0.9 s to finish
 //! after SIGTERM/SIGINT/SIGHUP, and starts a daemon (double fork, `setsid`) that ignores those
 //! signals. Both write timestamped lines on CLOCK_BOOTTIME; the checks use those timestamps.
 #![allow(
@@ -38,12 +38,30 @@ const TIMING: [&str; 8] = [
 
 struct Case {
     dir: tempfile::TempDir,
+    /// Every process a test started, killed with all its descendants when the case ends,
+    /// so that a failing test leaves nothing behind.
+    spawned: std::cell::RefCell<Vec<i32>>,
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        let mut all: Vec<i32> = self.events().iter().map(|e| e.pid).collect();
+        for pid in self.spawned.borrow().iter() {
+            all.extend(descendants(*pid));
+            all.push(*pid);
+        }
+        for pid in all {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }
 
 impl Case {
     fn new() -> Self {
         Self {
             dir: tempfile::tempdir().unwrap(),
+            spawned: Default::default(),
         }
     }
 
@@ -77,7 +95,7 @@ impl Case {
 
     /// `program ARGS` as a shell would start it: in a process group of its own, stderr kept.
     fn spawn(&self, id: &str, program: &str, prefix: &[&str]) -> Child {
-        Command::new(program)
+        let child = Command::new(program)
             .args(prefix)
             .args(self.args(id))
             .env("LEADER_LOG", "info")
@@ -86,7 +104,9 @@ impl Case {
             .stderr(std::fs::File::create(self.path().join(format!("{id}.stderr"))).unwrap())
             .process_group(0)
             .spawn()
-            .unwrap()
+            .unwrap();
+        self.spawned.borrow_mut().push(child.id() as i32);
+        child
     }
 
     fn leader(&self, id: &str) -> Child {
@@ -226,7 +246,8 @@ fn sigkill_to_the_group() {
 }
 
 /// SIGKILL of the supervisor alone: the kernel kills the command (PR_SET_PDEATHSIG), `leader`
-/// (a child subreaper) kills the re-parented daemon, then releases and exits 75.
+/// (a child subreaper) kills the re-parented daemon, leaves the lease to expire (DESIGN.md)
+/// and exits 75.
 #[test]
 fn sigkill_of_the_supervisor_alone() {
     let case = Case::new();
@@ -248,7 +269,8 @@ fn sigkill_of_the_supervisor_alone() {
         case.stderr("a")
     );
     let exited = boottime_ns();
-    case.check_takeover(b, sent, Some(exited), "SIGKILL of the supervisor alone");
+    let took = case.check_takeover(b, sent, Some(exited), "SIGKILL of the supervisor alone");
+    assert!(took > 1.5, "the lease was released, not left to expire");
 }
 
 /// systemd's stop (KillMode=control-group) and `pkill leader`: SIGTERM to every process at
@@ -481,6 +503,7 @@ fn a_pid_namespace_closes_the_sigkill_everything_escape() {
         .process_group(0)
         .spawn()
         .unwrap();
+    case.spawned.borrow_mut().push(a.id() as i32);
     wait_for("a's command and daemon", Duration::from_secs(10), || {
         case.has(1, "start") && case.has(1, "daemon")
     });
@@ -534,8 +557,85 @@ fn a_frozen_supervisor_is_killed_by_leader_when_the_term_ends() {
     );
     assert!(
         case.stderr("a")
-            .contains("did not stop the command by the deadline"),
+            .contains("did not stop the command in time"),
         "{}",
         case.stderr("a")
     );
+}
+
+/// A supervisor frozen alone, then `leader` asked to stop: `leader` does not wait forever; a
+/// little after the grace period it kills the supervisor (the kernel kills the command), kills
+/// the rest itself, leaves the lease to expire and exits 128+15.
+#[test]
+fn a_stop_with_a_frozen_supervisor_ends_after_the_grace_period() {
+    let case = Case::new();
+    let (mut a, b) = case.two_leaders();
+    let supervisor = supervisor_of(&a);
+    kill(Pid::from_raw(supervisor), Signal::SIGSTOP).unwrap();
+    let sent = boottime_ns();
+    signal(&a, Signal::SIGTERM);
+    assert_eq!(
+        exit_code(&mut a, Duration::from_secs(10)),
+        128 + 15,
+        "{}",
+        case.stderr("a")
+    );
+    let exited = boottime_ns();
+    assert!(
+        case.stderr("a")
+            .contains("did not stop the command in time"),
+        "{}",
+        case.stderr("a")
+    );
+    let took = case.check_takeover(b, sent, Some(exited), "SIGTERM with the supervisor frozen");
+    assert!(took > 1.5, "the lease was released, not left to expire");
+}
+
+/// A stderr that nobody reads (a pager waiting, a stuck log collector) must not stop the
+/// supervisor: `leader` is frozen, the command fills the pipe, and the command is still
+/// stopped at the deadline.
+#[test]
+fn a_blocked_stderr_does_not_stop_the_supervisor() {
+    let case = Case::new();
+    let (read_end, write_end) = std::io::pipe().unwrap();
+    let pid_file = case.path().join("pid");
+    let mut a = Command::new(LEADER)
+        .args(["run", "--store", &case.store(), "--id", "a"])
+        .args(TIMING)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "trap '' TERM; echo $$ > {}; while :; do echo filling the pipe >&2; done",
+            pid_file.display()
+        ))
+        .env("LEADER_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(write_end)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    case.spawned.borrow_mut().push(a.id() as i32);
+    wait_for("the command", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let command: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The pipe (64 KiB) is full within milliseconds; now renewals stop.
+    std::thread::sleep(Duration::from_millis(300));
+    killpg(Pid::from_raw(a.id() as i32), Signal::SIGSTOP).unwrap();
+    let frozen = boottime_ns();
+    // The deadline is at most ttl - margin = 2.4 s after the last renew.
+    wait_for("the command to be stopped", Duration::from_secs(4), || {
+        !alive(command)
+    });
+    eprintln!(
+        "MEASURED blocked stderr: command stopped {:.3} s after leader froze",
+        (boottime_ns() - frozen) as f64 / 1e9
+    );
+    killpg(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = a.wait();
+    drop(read_end);
 }

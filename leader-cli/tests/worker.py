@@ -67,7 +67,7 @@ for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(s, on_signal)
 while True:
     note("beat")
-    if stopping_since is not None and time.monotonic() - stopping_since >= 1.0:
+    if stopping_since is not None and time.monotonic() - stopping_since >= 0.9:
         note("stop")
         sys.exit(0)
     time.sleep(0.05)

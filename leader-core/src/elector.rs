@@ -805,7 +805,7 @@ impl Driver {
         self.shared
             .publish(Leadership::SteppingDown { token: grant.token });
         if timeout_at(grant.deadline, work_done.recv()).await.is_err() {
-            warn!(token = %grant.token, "the term's work did not stop by the deadline; not releasing, the lease will expire");
+            warn!(token = %grant.token, "the term's work was not confirmed stopped by the deadline; not releasing, the lease will expire");
             self.client.end_term("work outlived the deadline");
             self.shared.publish(Leadership::Unknown { problem: None });
             return;
