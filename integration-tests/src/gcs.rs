@@ -159,6 +159,25 @@ impl GcsClient {
         }
     }
 
+    /// Deletes the object (its live generation), as an operator would.
+    pub async fn delete(&self, bucket: &str, object: &str) -> Result<(), GcsError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o/{}",
+            self.base,
+            encode_path_segment(bucket),
+            encode_path_segment(object)
+        );
+        let response = self.http.delete(&url).send().await?;
+        if !response.status().is_success() {
+            return Err(GcsError::Status {
+                operation: format!("delete {bucket}/{object}"),
+                status: response.status(),
+                body: response.text().await.unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// The object's content and generation.
     pub async fn read(&self, bucket: &str, object: &str) -> Result<(Vec<u8>, i64), GcsError> {
         let url = format!(

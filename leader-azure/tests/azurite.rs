@@ -89,6 +89,26 @@ impl Harness for Azurite {
         .unwrap();
         Ok(())
     }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        // As an operator must: break the lease, then delete the blob.
+        let store = self.azure().await;
+        let options = BlobClientBreakLeaseOptions {
+            break_period: Some(0),
+            ..Default::default()
+        };
+        // Fails harmlessly (409) when no lease is held.
+        let _ = store
+            .blob_client(&AzureLeaseStore::lease_blob_name(key))
+            .break_lease(Some(options))
+            .await;
+        store
+            .blob_client(&AzureLeaseStore::lease_blob_name(key))
+            .delete(None)
+            .await
+            .unwrap();
+        Ok(())
+    }
 }
 
 leader_core::conformance_tests!(azurite().await);

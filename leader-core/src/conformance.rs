@@ -31,6 +31,10 @@
 //!         self.store.put_raw(key, b"not a record".to_vec());
 //!         Ok(())
 //!     }
+//!     async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+//!         self.store.delete(key);
+//!         Ok(())
+//!     }
 //! }
 //!
 //! leader_core::conformance_tests!(paused: Memory::default());
@@ -72,6 +76,11 @@ pub trait Harness: Send + Sync {
 
     /// Stores an unparsable record under `key`, bypassing the backend's checks.
     async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error>;
+
+    /// Deletes the lease record of `key` as an operator recovering a stuck lease would, with
+    /// the store's own tools (breaking a server-side lease first where the store requires it),
+    /// bypassing the backend.
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error>;
 }
 
 /// A failed conformance case: which case, and what it saw.
@@ -595,6 +604,92 @@ pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result
     Ok(())
 }
 
+/// The record deleted in the middle of a term (an operator's usual recovery): the next term,
+/// taken by a candidate that never saw the record, still gets a token above every earlier
+/// one, a protected resource accepts the new leader and rejects the deposed one; and again
+/// after a second deletion.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn token_survives_deletion<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "token_survives_deletion";
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-object")).ctx(CASE, "object name")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    // Two terms first, so that the token is above 1 before anything is deleted.
+    let mut a = client(h, CASE, &key, "a").await?;
+    let g0 = acquire(&mut a, CASE, "a").await?;
+    ensure!(
+        a.release().await.ctx(CASE, "release")?,
+        CASE,
+        "release failed"
+    );
+    let mut b = client(h, CASE, &key, "b").await?;
+    let g1 = acquire(&mut b, CASE, "b").await?;
+    ensure!(
+        g1.token > g0.token,
+        CASE,
+        "token {} not above {}",
+        g1.token,
+        g0.token
+    );
+    // b's term is live when its record is deleted.
+    let fence_old = Fence {
+        key: key.clone(),
+        holder: b.holder().clone(),
+        token: g1.token,
+    };
+    store
+        .fenced_write(&fence_old, &object, b"old term")
+        .await
+        .ctx(CASE, "the old term's fenced write")?;
+    let mut highest = g1.token;
+    for round in 0..2 {
+        h.delete_record(&key)
+            .await
+            .ctx(CASE, &format!("deleting the record (round {round})"))?;
+        let gone = store.read(&key).await.ctx(CASE, "read after delete")?;
+        ensure!(
+            gone.as_ref().is_none_or(|s| !s.record.is_held()),
+            CASE,
+            "the record must be gone (or released) after deletion: {gone:?}"
+        );
+        let mut fresh = client(h, CASE, &key, &format!("fresh{round}")).await?;
+        let g = acquire(&mut fresh, CASE, "a candidate that never saw the record").await?;
+        ensure!(
+            g.token > highest,
+            CASE,
+            "round {round}: token {} after deletion is not above {highest}, issued before it",
+            g.token
+        );
+        let fence = Fence {
+            key: key.clone(),
+            holder: fresh.holder().clone(),
+            token: g.token,
+        };
+        store
+            .fenced_write(&fence, &object, b"new term")
+            .await
+            .ctx(CASE, "the new leader's fenced write")?;
+        match store.fenced_write(&fence_old, &object, b"deposed").await {
+            Err(Error::Fenced { .. }) => {}
+            other => {
+                return Err(fail(
+                    CASE,
+                    format!("the deposed leader's write must be fenced off, got {other:?}"),
+                ));
+            }
+        }
+        highest = g.token;
+        ensure!(
+            fresh.release().await.ctx(CASE, "release")?,
+            CASE,
+            "release failed"
+        );
+    }
+    Ok(())
+}
+
 /// A malformed record gives a clear error naming the key, and nothing overwrites it.
 ///
 /// # Errors
@@ -768,6 +863,7 @@ pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
     race(h).await?;
     deposed_fenced_write_rejected(h).await?;
     malformed_record_is_reported_and_kept(h).await?;
+    token_survives_deletion(h).await?;
     takeover_only_after_full_ttl(h).await?;
     stale_renew_is_conflict(h).await?;
     Ok(())
@@ -785,13 +881,13 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases (start_paused = true) $harness;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
-            takeover_only_after_full_ttl, stale_renew_is_conflict);
+            token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
     };
     ($harness:expr) => {
         $crate::conformance_tests!(@cases (flavor = "multi_thread", worker_threads = 2) $harness;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
-            takeover_only_after_full_ttl, stale_renew_is_conflict);
+            token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
     };
     (@cases $rt:tt $harness:expr; $($case:ident),* $(,)?) => {
         $(

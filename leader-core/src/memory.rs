@@ -6,15 +6,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteOutcome, WriteRequest,
+    Expected, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind, WriteOutcome,
+    WriteRequest,
 };
 use crate::error::Error;
-use crate::model::{LeaseKey, LeaseRecord, ObjectName, Revision};
+use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
 
 #[derive(Debug, Default)]
 struct State {
     next_revision: u64,
     leases: HashMap<String, (Vec<u8>, Revision)>,
+    /// The highest token ever written per key; kept when a record is deleted.
+    high_water: HashMap<String, FencingToken>,
     objects: HashMap<String, FencedObject>,
 }
 
@@ -30,7 +33,8 @@ impl State {
 ///
 /// Records are kept encoded as JSON, exactly as blob and file stores keep them, so that a
 /// malformed record behaves as it would in a real store. Revisions come from a counter and are
-/// never reused.
+/// never reused. Tokens survive deletion: the highest token of each key is kept apart from
+/// its record.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
@@ -58,7 +62,8 @@ impl MemoryStore {
             .insert(key.as_str().to_owned(), (bytes, revision));
     }
 
-    /// Deletes the record of `key`, as an operator might.
+    /// Deletes the record of `key`, as an operator might. The key's highest token is kept, so
+    /// the next term's token is still above every earlier one.
     pub fn delete(&self, key: &LeaseKey) {
         self.lock().leases.remove(key.as_str());
     }
@@ -95,14 +100,25 @@ impl LeaseBackend for MemoryStore {
             let current = current.and_then(|(bytes, rev)| Self::decode(key, bytes, rev).ok());
             return Ok(WriteOutcome::Conflict { current });
         }
+        let mut record = request.record;
+        let high = state
+            .high_water
+            .get(key)
+            .copied()
+            .unwrap_or(FencingToken(0));
+        if request.kind == WriteKind::Acquire && record.token <= high {
+            // The record was deleted since the candidate's last read: mint above every token
+            // this key ever had.
+            record.token = FencingToken(high.get().saturating_add(1));
+        }
         let revision = state.revision();
         state
+            .high_water
+            .insert(key.to_owned(), high.max(record.token));
+        state
             .leases
-            .insert(key.to_owned(), (request.record.to_json(), revision.clone()));
-        Ok(WriteOutcome::Written(Stored {
-            record: request.record,
-            revision,
-        }))
+            .insert(key.to_owned(), (record.to_json(), revision.clone()));
+        Ok(WriteOutcome::Written(Stored { record, revision }))
     }
 }
 

@@ -45,6 +45,12 @@ impl Harness for Files {
         std::fs::write(store.lease_path(key), b"\x00\x01 not json").unwrap();
         Ok(())
     }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        let store = FileStore::open(self.dir.path())?;
+        std::fs::remove_file(store.lease_path(key)).unwrap();
+        Ok(())
+    }
 }
 
 leader_core::conformance_tests!(files());

@@ -37,6 +37,11 @@ impl Harness for Memory {
         self.store.put_raw(key, b"{\"v\":1,\"holder\":".to_vec());
         Ok(())
     }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        self.store.delete(key);
+        Ok(())
+    }
 }
 
 leader_core::conformance_tests!(paused: Memory::default());
@@ -113,6 +118,11 @@ impl Harness for Broken {
     }
     async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error> {
         self.store.0.put_raw(key, b"x".to_vec());
+        Ok(())
+    }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        self.store.0.delete(key);
         Ok(())
     }
 }

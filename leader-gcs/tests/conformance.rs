@@ -37,6 +37,17 @@ impl Harness for Gcs {
             .unwrap();
         Ok(())
     }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        let object = self.0.store().await.lease_object(key);
+        self.0
+            .raw()
+            .await
+            .delete(&self.0.name, &object)
+            .await
+            .unwrap();
+        Ok(())
+    }
 }
 
 leader_core::conformance_tests!(Gcs(Bucket::new()));

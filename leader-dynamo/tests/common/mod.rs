@@ -105,6 +105,22 @@ impl Harness for Moto {
             .unwrap();
         Ok(())
     }
+
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        let endpoint = integration_tests::Endpoint {
+            emulator: Emulator::DynamoDb,
+            url: self.url().await.to_owned(),
+            source: integration_tests::Source::Env,
+        };
+        integration_tests::dynamodb::client(&endpoint)
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(format!("{LEASE_PREFIX}{key}")))
+            .send()
+            .await
+            .unwrap();
+        Ok(())
+    }
 }
 
 /// A TCP proxy in front of the emulator that counts requests per DynamoDB operation and can
