@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::{Fence, LeaseBackend};
+use crate::clock::Anchor;
 use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
@@ -287,6 +288,10 @@ impl Elector {
         let (tx, rx) = watch::channel(Leadership::Unknown { problem: None });
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let shared = Arc::new(Shared {
+            tick: self
+                .clock
+                .real(self.timing.margin / 2)
+                .max(Duration::from_millis(1)),
             tx,
             shutdown: CancellationToken::new(),
             term: Mutex::new(None),
@@ -317,12 +322,65 @@ impl Elector {
 struct TermShared {
     token: FencingToken,
     cancel: CancellationToken,
-    deadline: watch::Receiver<Instant>,
+    deadline: watch::Receiver<TermDeadline>,
     alive: mpsc::Sender<()>,
+    /// `wait_for_term` has handed this term out: it is not handed out again.
+    handed_out: bool,
+}
+
+/// A term's deadline as the lease client computed it (tokio's clock), with the anchor taken
+/// before the write it comes from, so that a host suspend since then moves it earlier.
+#[derive(Clone, Copy, Debug)]
+struct TermDeadline {
+    at: Instant,
+    anchor: Anchor,
+}
+
+impl TermDeadline {
+    /// The deadline, earlier by however long the host has been suspended since the write.
+    fn effective(&self) -> Instant {
+        self.at
+            .checked_sub(self.anchor.suspended())
+            .unwrap_or(self.at)
+            .min(self.at)
+    }
+}
+
+/// Completes when the term is cancelled, or its deadline passes on the local clock (checked
+/// at least every `tick`, so that a suspend is noticed), whichever is first; then the term is
+/// cancelled. Needs nothing from the elector's task.
+async fn term_over(
+    cancel: &CancellationToken,
+    deadline: &watch::Receiver<TermDeadline>,
+    tick: Duration,
+) {
+    let mut deadline = deadline.clone();
+    let mut watching = true;
+    loop {
+        let at = deadline.borrow_and_update().effective();
+        let now = Instant::now();
+        if now >= at {
+            cancel.cancel();
+            return;
+        }
+        let wake = at.min(now + tick);
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            changed = deadline.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                }
+            }
+            _ = sleep_until(wake) => {}
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Shared {
+    /// How often a term's watchdog re-checks the deadline for a host suspend.
+    tick: Duration,
     tx: watch::Sender<Leadership>,
     shutdown: CancellationToken,
     term: Mutex<Option<TermShared>>,
@@ -369,7 +427,19 @@ impl ElectorHandle {
 
     /// The leadership now.
     pub fn current(&self) -> Leadership {
-        self.rx.borrow().clone()
+        let now = self.rx.borrow().clone();
+        if let Leadership::Leader { token, .. } = &now {
+            // Over at its deadline even if nothing has published it yet.
+            let live = self.shared.term().as_ref().is_some_and(|t| {
+                t.token == *token
+                    && !t.cancel.is_cancelled()
+                    && Instant::now() < t.deadline.borrow().effective()
+            });
+            if !live {
+                return Leadership::Unknown { problem: None };
+            }
+        }
+        now
     }
 
     /// This candidate's holder id.
@@ -383,8 +453,9 @@ impl ElectorHandle {
     }
 
     /// Waits until this candidate leads and returns the term: its token, its cancellation, and
-    /// its deadline. Drop the [`Term`] when the term's work has stopped: shutdown and resign
-    /// wait for that (up to the deadline) before releasing the lease.
+    /// its deadline. Each term is handed out once: called again, it waits for the next term
+    /// (so a loop around it never spins). Drop the [`Term`] when the term's work has stopped:
+    /// shutdown and resign wait for that (up to the deadline) before releasing the lease.
     ///
     /// # Errors
     /// [`Stopped`] if the elector stops first.
@@ -397,13 +468,15 @@ impl ElectorHandle {
             let state = rx.borrow_and_update().clone();
             match state {
                 Leadership::Leader { token, .. } => {
-                    let term = self.shared.term();
-                    if let Some(t) = term.as_ref() {
+                    let mut term = self.shared.term();
+                    if let Some(t) = term.as_mut() {
                         // A term past its deadline is over even if the elector's task has
-                        // not run yet (a resumed process); wait for it to say so.
-                        let live =
-                            !t.cancel.is_cancelled() && Instant::now() < *t.deadline.borrow();
-                        if t.token == token && live {
+                        // not run yet (a resumed process); wait for it to say so. A term is
+                        // handed out once: the next call waits for the next term.
+                        let live = !t.cancel.is_cancelled()
+                            && Instant::now() < t.deadline.borrow().effective();
+                        if t.token == token && live && !t.handed_out {
+                            t.handed_out = true;
                             return Ok(Term {
                                 fence: Fence {
                                     key: self.shared.key.clone(),
@@ -412,6 +485,7 @@ impl ElectorHandle {
                                 },
                                 cancel: t.cancel.clone(),
                                 deadline: t.deadline.clone(),
+                                tick: self.shared.tick,
                                 _alive: t.alive.clone(),
                             });
                         }
@@ -478,7 +552,8 @@ impl Drop for ElectorHandle {
 pub struct Term {
     fence: Fence,
     cancel: CancellationToken,
-    deadline: watch::Receiver<Instant>,
+    deadline: watch::Receiver<TermDeadline>,
+    tick: Duration,
     _alive: mpsc::Sender<()>,
 }
 
@@ -494,9 +569,10 @@ impl Term {
     }
 
     /// The deadline as of the last successful renew: the term is over at this instant unless
-    /// a renew succeeds before.
+    /// a renew succeeds before. If the host was suspended since that renew was sent, the
+    /// deadline is earlier by the time it was suspended.
     pub fn deadline(&self) -> Instant {
-        *self.deadline.borrow()
+        self.deadline.borrow().effective()
     }
 
     /// Whether the term still allows acting: not cancelled and before the deadline.
@@ -504,18 +580,69 @@ impl Term {
         !self.cancel.is_cancelled() && Instant::now() < self.deadline()
     }
 
-    /// Completes when the term ends.
+    /// Completes when the term ends: cancelled by the elector, or its deadline reached on the
+    /// local clock. It does not depend on the elector's task running.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn cancelled(&self) {
-        self.cancel.cancelled().await;
+        term_over(&self.cancel, &self.deadline, self.tick).await;
     }
 
-    /// The term's cancellation token, for work spawned elsewhere (it is cancelled when the
-    /// term ends).
+    /// The term's cancellation token, for work spawned elsewhere. It is cancelled when the term
+    /// ends: by the elector, by a watchdog task at the deadline (even if the elector's task has
+    /// died), or when the elector's task is dropped or panics.
     pub fn cancellation_token(&self) -> CancellationToken {
         self.cancel.clone()
+    }
+}
+
+/// Ends a term at its deadline without the elector's task: cancels it, stops handing it out,
+/// and publishes that this candidate no longer leads (unless something newer was published).
+async fn watchdog(
+    shared: Arc<Shared>,
+    token: FencingToken,
+    cancel: CancellationToken,
+    deadline: watch::Receiver<TermDeadline>,
+) {
+    term_over(&cancel, &deadline, shared.tick).await;
+    let mut term = shared.term();
+    if term.as_ref().is_some_and(|t| t.token == token) {
+        *term = None;
+        drop(term);
+        shared.tx.send_if_modified(|current| {
+            let ours = matches!(current, Leadership::Leader { token: t, .. } if *t == token);
+            if ours {
+                *current = Leadership::Unknown { problem: None };
+            }
+            ours
+        });
+    }
+}
+
+/// Held by the elector's task: if the task panics or is dropped (its runtime shut down, the
+/// future of [`Elector::into_parts`] dropped), the term in progress ends and readers learn that
+/// the elector has stopped.
+struct TaskGuard(Arc<Shared>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.term().take() {
+            t.cancel.cancel();
+        }
+        self.0.tx.send_if_modified(|current| {
+            if matches!(current, Leadership::Stopped { .. }) {
+                return false;
+            }
+            *current = Leadership::Stopped {
+                problem: Some(Problem {
+                    kind: ErrorKind::Backend,
+                    message: "the elector's task ended unexpectedly (it panicked or was dropped)"
+                        .to_owned(),
+                }),
+            };
+            true
+        });
     }
 }
 
@@ -556,7 +683,8 @@ impl Backoff {
 }
 
 enum FollowEnd {
-    Acquired(Grant),
+    /// The grant, and the anchor taken before the acquiring write was sent.
+    Acquired(Grant, Anchor),
     Shutdown,
     /// A store error that retrying cannot fix.
     Failed(Problem),
@@ -580,17 +708,19 @@ struct Driver {
 
 impl Driver {
     async fn run(mut self) {
+        // Ends the term and says so if this task panics or is dropped mid-term.
+        let _guard = TaskGuard(self.shared.clone());
         let mut problem = None;
         loop {
-            let grant = match self.follow().await {
-                FollowEnd::Acquired(grant) => grant,
+            let (grant, anchor) = match self.follow().await {
+                FollowEnd::Acquired(grant, anchor) => (grant, anchor),
                 FollowEnd::Shutdown => break,
                 FollowEnd::Failed(p) => {
                     problem = Some(p);
                     break;
                 }
             };
-            match self.lead(grant).await {
+            match self.lead(grant, anchor).await {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Resigned => {
                     self.cooldown_until = Some(Instant::now() + self.clock.real(self.timing.ttl));
@@ -616,6 +746,7 @@ impl Driver {
                 return FollowEnd::Shutdown;
             }
             let cooling = self.cooldown_until.is_some_and(|t| Instant::now() < t);
+            let anchor = Anchor::now();
             let attempt = if cooling {
                 self.client.observe().await.map(|s| Acquisition::Following {
                     leader: s.and_then(|s| {
@@ -636,7 +767,7 @@ impl Driver {
                         let _ = self.client.release().await;
                         return FollowEnd::Shutdown;
                     }
-                    return FollowEnd::Acquired(grant);
+                    return FollowEnd::Acquired(grant, anchor);
                 }
                 Ok(Acquisition::Following {
                     leader,
@@ -683,17 +814,28 @@ impl Driver {
     }
 
     /// Leads one term: renews until the term ends.
-    async fn lead(&mut self, mut grant: Grant) -> LeadEnd {
+    async fn lead(&mut self, mut grant: Grant, anchor: Anchor) -> LeadEnd {
         let token = grant.token;
         let cancel = CancellationToken::new();
         let (alive, mut work_done) = mpsc::channel::<()>(1);
-        let (deadline_tx, deadline) = watch::channel(grant.deadline);
+        let (deadline_tx, deadline) = watch::channel(TermDeadline {
+            at: grant.deadline,
+            anchor,
+        });
         *self.shared.term() = Some(TermShared {
             token,
             cancel: cancel.clone(),
-            deadline,
+            deadline: deadline.clone(),
             alive,
+            handed_out: false,
         });
+        // The term ends at its deadline even if this task dies or starves.
+        tokio::spawn(watchdog(
+            self.shared.clone(),
+            token,
+            cancel.clone(),
+            deadline,
+        ));
         self.shared.publish(Leadership::Leader {
             token,
             deadline: grant.deadline,
@@ -706,23 +848,30 @@ impl Driver {
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => {
-                    self.step_down(&cancel, &mut work_done, grant).await;
+                    let deadline = deadline_tx.borrow().effective();
+                    self.step_down(&cancel, &mut work_done, token, deadline).await;
                     return LeadEnd::Shutdown;
                 }
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Resign(ack)) => {
                         info!(%token, "resigning");
-                        self.step_down(&cancel, &mut work_done, grant).await;
+                        let deadline = deadline_tx.borrow().effective();
+                    self.step_down(&cancel, &mut work_done, token, deadline).await;
                         let _ = ack.send(());
                         return LeadEnd::Resigned;
                     }
                     None => {
-                        self.step_down(&cancel, &mut work_done, grant).await;
+                        let deadline = deadline_tx.borrow().effective();
+                    self.step_down(&cancel, &mut work_done, token, deadline).await;
                         return LeadEnd::Shutdown;
                     }
                 },
                 _ = sleep_until(grant.deadline) => {
                     self.end_term(&cancel, "deadline passed without a successful renew", None);
+                    return LeadEnd::Over;
+                }
+                _ = cancel.cancelled() => {
+                    self.end_term(&cancel, "deadline passed (the host was suspended)", None);
                     return LeadEnd::Over;
                 }
                 _ = sleep_until(next_renew) => {}
@@ -735,9 +884,11 @@ impl Driver {
             let mut attempts = 0u32;
             loop {
                 attempts += 1;
+                let anchor = Anchor::now();
                 let renewal = tokio::select! {
                     biased;
                     _ = sleep_until(grant.deadline) => None,
+                    _ = cancel.cancelled() => None,
                     r = self.client.renew() => Some(r),
                 };
                 match renewal {
@@ -755,7 +906,10 @@ impl Driver {
                             warn!(%token, attempts, ?left, "renewed late: it took several attempts; this much was left before the deadline");
                         }
                         grant = g;
-                        deadline_tx.send_replace(grant.deadline);
+                        deadline_tx.send_replace(TermDeadline {
+                            at: grant.deadline,
+                            anchor,
+                        });
                         self.shared.publish(Leadership::Leader {
                             token,
                             deadline: grant.deadline,
@@ -768,6 +922,7 @@ impl Driver {
                         tokio::select! {
                             biased;
                             _ = sleep_until(grant.deadline) => {}
+                            _ = cancel.cancelled() => {}
                             _ = sleep_until(wait) => {}
                         }
                     }
@@ -798,14 +953,14 @@ impl Driver {
         &mut self,
         cancel: &CancellationToken,
         work_done: &mut mpsc::Receiver<()>,
-        grant: Grant,
+        token: FencingToken,
+        deadline: Instant,
     ) {
         cancel.cancel();
         *self.shared.term() = None;
-        self.shared
-            .publish(Leadership::SteppingDown { token: grant.token });
-        if timeout_at(grant.deadline, work_done.recv()).await.is_err() {
-            warn!(token = %grant.token, "the term's work was not confirmed stopped by the deadline; not releasing, the lease will expire");
+        self.shared.publish(Leadership::SteppingDown { token });
+        if timeout_at(deadline, work_done.recv()).await.is_err() {
+            warn!(%token, "the term's work was not confirmed stopped by the deadline; not releasing, the lease will expire");
             self.client.end_term("work outlived the deadline");
             self.shared.publish(Leadership::Unknown { problem: None });
             return;
@@ -815,5 +970,35 @@ impl Driver {
             Err(e) => warn!(error = %e, "release failed; the lease will expire after its ttl"),
         }
         self.shared.publish(Leadership::Follower { leader: None });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host suspended since the last renew was sent: the term is over at once, not when
+    /// tokio's clock (which stood still while suspended) reaches the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_since_the_last_renew_ends_the_term_at_once() {
+        let cancel = CancellationToken::new();
+        let ttl_left = Duration::from_secs(10);
+        let (_tx, rx) = watch::channel(TermDeadline {
+            at: Instant::now() + ttl_left,
+            anchor: Anchor::before_suspend_of(Duration::from_secs(30)),
+        });
+        let start = Instant::now();
+        term_over(&cancel, &rx, Duration::from_secs(1)).await;
+        assert_eq!(Instant::now(), start, "over at once");
+        assert!(cancel.is_cancelled());
+        // Without a suspend it lasts until the deadline.
+        let cancel = CancellationToken::new();
+        let (_tx, rx) = watch::channel(TermDeadline {
+            at: Instant::now() + ttl_left,
+            anchor: Anchor::now(),
+        });
+        let start = Instant::now();
+        term_over(&cancel, &rx, Duration::from_secs(1)).await;
+        assert_eq!(Instant::now() - start, ttl_left);
     }
 }

@@ -51,6 +51,7 @@
 //! ```
 
 mod backend;
+mod clock;
 mod config;
 mod elector;
 mod error;
@@ -84,3 +85,8 @@ pub use model::{
     MAX_NAME_LEN, Metadata, ObjectName, RecordParts, Revision, TermId, WriteNonce,
     validate_metadata, wall_clock_unix_ms,
 };
+
+/// The repository README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

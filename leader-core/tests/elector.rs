@@ -471,3 +471,163 @@ async fn a_store_failing_30_percent_of_requests_costs_no_term_with_default_timin
     }
     assert!(term.is_valid());
 }
+
+/// Panics on every write after the first (the acquire).
+#[derive(Debug, Default)]
+struct PanicsOnRenew {
+    inner: MemoryStore,
+    writes: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseBackend for PanicsOnRenew {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        if self.writes.fetch_add(1, Ordering::SeqCst) > 0 {
+            panic!("test: a backend bug");
+        }
+        self.inner.write(request).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_elector_task_ends_the_term() {
+    let a = elector(Arc::new(PanicsOnRenew::default()), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let start = Instant::now();
+    // The first renew (5 s) panics the elector's task.
+    timeout(Duration::from_secs(60), term.cancelled())
+        .await
+        .expect("cancelled() must fire without the elector's task");
+    // At the panic (the first renew, 5 s in), not only at the deadline (12 s).
+    assert!(
+        Instant::now() - start <= Duration::from_secs(6),
+        "{:?}",
+        Instant::now() - start
+    );
+    assert!(!term.is_valid());
+    match a.current() {
+        Leadership::Stopped { problem: Some(p) } => {
+            assert!(p.message.contains("ended unexpectedly"), "{}", p.message)
+        }
+        other => panic!("readers must learn that the elector stopped: {other:?}"),
+    }
+    assert!(a.wait_for_term().await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aborted_elector_task_ends_the_term() {
+    let (a, task) = elector(Arc::new(MemoryStore::new()), "a").into_parts();
+    let running = tokio::spawn(task);
+    let term = a.wait_for_term().await.unwrap();
+    let token = term.cancellation_token();
+    running.abort();
+    timeout(Duration::from_secs(1), term.cancelled())
+        .await
+        .expect("the term ends when its task is dropped");
+    assert!(
+        token.is_cancelled(),
+        "work spawned with the token stops too"
+    );
+    assert!(matches!(a.current(), Leadership::Stopped { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_starved_elector_task_still_ends_the_term_at_its_deadline() {
+    let (a, task) = elector(Arc::new(MemoryStore::new()), "a").into_parts();
+    let mut task = Box::pin(task);
+    // Poll the task only until the term starts; then never again (starved, not dropped).
+    let term = tokio::select! {
+        t = a.wait_for_term() => t.unwrap(),
+        _ = &mut task => unreachable!("the elector task ended"),
+    };
+    let deadline = term.deadline();
+    assert_eq!(deadline, Instant::now() + TTL - Duration::from_secs(3));
+    let mut leadership = a.leadership();
+    let token = term.cancellation_token();
+    term.cancelled().await;
+    assert_eq!(Instant::now(), deadline, "at the deadline, not later");
+    assert!(token.is_cancelled());
+    assert!(!term.is_valid());
+    assert!(!a.current().is_leader());
+    // Watchers learn it too, from the term's watchdog.
+    timeout(
+        Duration::from_secs(1),
+        leadership.wait_for(|l| !l.is_leader()),
+    )
+    .await
+    .expect("the watch must say so without the elector's task")
+    .expect("leadership watch");
+    drop(task);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_term_is_handed_out_once() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    let first = a.wait_for_term().await.unwrap();
+    // The obvious loop must not get the same term again: the next call waits for the next term.
+    assert!(
+        timeout(Duration::from_secs(60), a.wait_for_term())
+            .await
+            .is_err(),
+        "the same live term was handed out twice"
+    );
+    assert!(first.is_valid());
+    drop(first);
+    a.resign().await.unwrap();
+    let second = timeout(Duration::from_secs(60), a.wait_for_term())
+        .await
+        .expect("the next term is handed out")
+        .unwrap();
+    assert_eq!(second.token(), FencingToken(2));
+}
+
+/// Applies every write after `latency` (a slow store, not a failing one).
+#[derive(Debug)]
+struct Slow {
+    inner: Logged,
+    latency: Duration,
+}
+
+#[async_trait]
+impl LeaseBackend for Slow {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        sleep(self.latency).await;
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        // `Logged` notes the time it receives the request: the sender's send time plus
+        // nothing; the answer comes `latency` later.
+        let sent = Instant::now();
+        let outcome = self.inner.write(request).await;
+        sleep_until_after(sent, self.latency).await;
+        outcome
+    }
+}
+
+async fn sleep_until_after(from: Instant, d: Duration) {
+    tokio::time::sleep_until(from + d).await;
+}
+
+/// With latency, the deadline counts from when the write was sent, not when it was answered:
+/// a deadline taken from the answer would be `latency` too late.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_counts_from_the_send_time_not_the_answer() {
+    let latency = Duration::from_millis(900);
+    let store = Arc::new(Slow {
+        inner: Logged::default(),
+        latency,
+    });
+    let a = elector(store.clone(), "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let acquired = store.inner.writes_by("a")[0].0;
+    assert_eq!(term.deadline(), acquired + TTL - Duration::from_secs(3));
+    sleep(Duration::from_secs(12)).await;
+    let writes = store.inner.writes_by("a");
+    let last = writes.last().unwrap().0;
+    assert!(writes.len() >= 3, "{writes:?}");
+    assert_eq!(term.deadline(), last + TTL - Duration::from_secs(3));
+}
