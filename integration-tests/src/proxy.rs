@@ -4,8 +4,9 @@
 //! so that a response ends when the emulator closes the connection) and, as the test decides,
 //! adds latency, refuses new connections, blackholes requests (holds them without an answer,
 //! like a partition), answers a fraction of requests with a throttling status without
-//! forwarding them, or forwards a request and then drops its response (the emulator applied
-//! it; the client never hears).
+//! forwarding them, forwards a request and then drops its response (the emulator applied
+//! it; the client never hears), or holds a request past the client's timeout and only then
+//! forwards it (late delivery: the write lands after its sender gave up and re-read).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,12 @@ pub struct ProxyFaults {
     pub throttle_status: u16,
     /// Fraction of requests forwarded (and applied) whose response is dropped.
     pub lose_response_fraction: f64,
+    /// Fraction of requests held for `late_by` before they are forwarded (and applied); their
+    /// response is dropped. With `late_by` above the client's request timeout, the client has
+    /// given up (and re-read) before the write lands.
+    pub late_fraction: f64,
+    /// How long a late request is held.
+    pub late_by: Duration,
 }
 
 impl Default for ProxyFaults {
@@ -44,6 +51,8 @@ impl Default for ProxyFaults {
             throttle_fraction: 0.0,
             throttle_status: 503,
             lose_response_fraction: 0.0,
+            late_fraction: 0.0,
+            late_by: Duration::ZERO,
         }
     }
 }
@@ -61,6 +70,8 @@ pub struct ProxyCounts {
     pub refused: AtomicU64,
     /// Requests held by a blackhole.
     pub blackholed: AtomicU64,
+    /// Requests delivered late (held, then forwarded with the response dropped).
+    pub late: AtomicU64,
 }
 
 struct Shared {
@@ -320,7 +331,13 @@ async fn handle(mut conn: TcpStream, shared: Arc<Shared>) {
         let _ = conn.shutdown().await;
         return;
     }
-    let lose = shared.chance(faults.lose_response_fraction);
+    let late = shared.chance(faults.late_fraction);
+    if late {
+        // Held past the client's timeout whether or not the client is still there, then
+        // applied: the hardest lost-response case.
+        tokio::time::sleep(faults.late_by).await;
+    }
+    let lose = late || shared.chance(faults.lose_response_fraction);
     let Ok(mut up) = TcpStream::connect(shared.upstream).await else {
         return;
     };
@@ -330,6 +347,10 @@ async fn handle(mut conn: TcpStream, shared: Arc<Shared>) {
     let mut response = Vec::new();
     if up.read_to_end(&mut response).await.is_err() {
         return;
+    }
+    if late {
+        shared.counts.late.fetch_add(1, Ordering::Relaxed);
+        return; // applied long after the client gave up
     }
     if lose {
         shared.counts.lost.fetch_add(1, Ordering::Relaxed);

@@ -44,11 +44,15 @@ pub enum Scenario {
     /// 20 % of requests applied by the store with their answer dropped, for a while: writes of
     /// unknown outcome everywhere; no invariant breaks, a leader afterwards.
     Lossy,
+    /// 20 % of requests held past the sender's request timeout, then applied by the store (the
+    /// sender has given up and re-read meanwhile), with a SIGTERM handover halfway through: no
+    /// invariant breaks, a leader afterwards.
+    Late,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Kill,
         Scenario::Stop,
         Scenario::Partition,
@@ -56,6 +60,7 @@ impl Scenario {
         Scenario::Throttle,
         Scenario::Term,
         Scenario::Lossy,
+        Scenario::Late,
     ];
 
     /// The name used on command lines and in summaries.
@@ -68,6 +73,7 @@ impl Scenario {
             Scenario::Throttle => "throttle",
             Scenario::Term => "sigterm",
             Scenario::Lossy => "lossy",
+            Scenario::Late => "late",
         }
     }
 
@@ -89,7 +95,7 @@ impl Scenario {
             }
             Scenario::Stall => Some(t.ttl + t.retry_every * 2 + SLACK),
             Scenario::Term => Some(t.retry_every + SLACK),
-            Scenario::Throttle | Scenario::Lossy => None,
+            Scenario::Throttle | Scenario::Lossy | Scenario::Late => None,
         }
     }
 }
@@ -128,6 +134,8 @@ pub struct RoundReport {
     pub failed: usize,
     /// Step-downs while the fault was on (throttle: spurious ones).
     pub step_downs: usize,
+    /// Requests the proxies delivered late (applied after their sender gave up).
+    pub late_deliveries: u64,
     /// The round's directory (logs).
     pub dir: PathBuf,
 }
@@ -405,6 +413,16 @@ pub async fn run_round(
         }
         Err(e) => return Err(format!("opening the store to read the object: {e}")),
     };
+    let late_deliveries = procs
+        .iter()
+        .filter_map(|p| p.proxy.as_ref())
+        .map(|proxy| {
+            proxy
+                .counts()
+                .late
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
     let verdict = check(&logs(&procs), object.as_ref());
     violations.extend(verdict.violations);
     Ok(RoundReport {
@@ -417,6 +435,7 @@ pub async fn run_round(
         fenced: verdict.fenced,
         failed: verdict.failed,
         step_downs,
+        late_deliveries,
         dir,
     })
 }
@@ -562,26 +581,41 @@ async fn drive(
                 .ok_or_else(|| format!("no leader within {wait_limit:?} of the heal"))?;
             tokio::time::sleep(settle).await;
         }
-        Scenario::Throttle | Scenario::Lossy => {
+        Scenario::Throttle | Scenario::Lossy | Scenario::Late => {
             let t = mono_us();
-            let faults = if scenario == Scenario::Throttle {
-                ProxyFaults {
+            let faults = match scenario {
+                Scenario::Throttle => ProxyFaults {
                     throttle_fraction: 0.3,
                     throttle_status: 503,
                     ..ProxyFaults::default()
-                }
-            } else {
-                ProxyFaults {
+                },
+                Scenario::Lossy => ProxyFaults {
                     lose_response_fraction: 0.2,
                     ..ProxyFaults::default()
-                }
+                },
+                _ => ProxyFaults {
+                    late_fraction: 0.2,
+                    late_by: timing.request_timeout * 2 + Duration::from_millis(200),
+                    ..ProxyFaults::default()
+                },
             };
             for p in procs.iter() {
                 if let Some(proxy) = &p.proxy {
                     proxy.set(faults);
                 }
             }
-            tokio::time::sleep((timing.ttl * 2).max(Duration::from_secs(5))).await;
+            let window = (timing.ttl * 2).max(Duration::from_secs(5));
+            if scenario == Scenario::Late {
+                // A handover halfway through, so that the old leader's held writes (renews,
+                // its release, fenced writes) land after the next term has begun.
+                tokio::time::sleep(window / 2).await;
+                if let Some((i, _)) = leader(procs) {
+                    procs[i].signal(Signal::SIGTERM);
+                }
+                tokio::time::sleep(window / 2).await;
+            } else {
+                tokio::time::sleep(window).await;
+            }
             let healed = mono_us();
             for p in procs.iter() {
                 if let Some(proxy) = &p.proxy {

@@ -33,18 +33,29 @@ pub(crate) async fn drill(kind: BackendKind, scenario: Scenario) {
         );
     }
     assert!(
-        report.terms >= 2 || matches!(scenario, Scenario::Throttle | Scenario::Lossy),
+        report.terms >= 2
+            || matches!(
+                scenario,
+                Scenario::Throttle | Scenario::Lossy | Scenario::Late
+            ),
         "{report:?}"
     );
+    if scenario == Scenario::Late {
+        assert!(
+            report.late_deliveries > 0,
+            "the late-delivery fault never fired: {report:?}"
+        );
+    }
     assert!(report.accepted > 0, "{report:?}");
     println!(
-        "{} {}: measured {:?} ms, {} terms, {} accepted, {} fenced, {} step-downs",
+        "{} {}: measured {:?} ms, {} terms, {} accepted, {} fenced, {} step-downs, {} late deliveries",
         kind.name(),
         scenario.name(),
         report.measured_ms,
         report.terms,
         report.accepted,
         report.fenced,
-        report.step_downs
+        report.step_downs,
+        report.late_deliveries
     );
 }
