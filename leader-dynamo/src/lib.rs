@@ -85,4 +85,4 @@ mod client;
 mod error;
 
 pub use builder::DynamoBuilder;
-pub use client::{DynamoStore, LEASE_PREFIX, OBJECT_PREFIX};
+pub use client::{DynamoStore, LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX};

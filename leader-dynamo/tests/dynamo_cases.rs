@@ -206,7 +206,8 @@ async fn lost_or_late_write_responses_are_indeterminate() {
     let through = store_at(&proxy.url, &table).await;
     let key = LeaseKey::new("lost").unwrap();
 
-    proxy.drop_next("UpdateItem");
+    // An acquire is one transaction (the lease item and the token mark).
+    proxy.drop_next("TransactWriteItems");
     let err = through
         .write(WriteRequest::new(
             key.clone(),
@@ -218,6 +219,7 @@ async fn lost_or_late_write_responses_are_indeterminate() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    assert_eq!(proxy.dropped(), 1);
     let stored = direct.read(&key).await.unwrap().unwrap();
     assert_eq!(stored.record.nonce, WriteNonce(0xa1), "it was applied");
 
