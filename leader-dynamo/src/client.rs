@@ -653,15 +653,19 @@ impl DynamoStore {
             .table_name(&self.ctx.table)
             .key(mark_pk.0, mark_pk.1)
             .update_expression("SET #high = :token")
-            .condition_expression("attribute_not_exists(#pk) OR #high < :token")
+            // A mark that is not a number fails the condition (and is reported malformed)
+            // rather than being compared across types.
+            .condition_expression(
+                "attribute_not_exists(#pk) OR (attribute_type(#high, :number) AND #high < :token)",
+            )
             .set_expression_attribute_names(Some(names(&[
                 ("#pk", &self.partition_key),
                 ("#high", attr::HIGH),
             ])))
-            .set_expression_attribute_values(Some(HashMap::from([(
-                ":token".to_owned(),
-                num(token.get()),
-            )])))
+            .set_expression_attribute_values(Some(HashMap::from([
+                (":token".to_owned(), num(token.get())),
+                (":number".to_owned(), AttributeValue::S("N".to_owned())),
+            ])))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(build)?;
