@@ -13,9 +13,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::error::TransactionCanceledException;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::error::TransactionCanceledException;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
     ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
@@ -141,8 +141,9 @@ where
 /// A DynamoDB table of lease items and fenced objects. Build it with
 /// [`DynamoBuilder`](crate::DynamoBuilder).
 ///
-/// Each lease key is one item whose partition key is `lease#<key>`; each protected object is
-/// one item whose partition key is `fenced#<name>`. See the crate docs for the attributes.
+/// Each lease key is one item whose partition key is `lease#<key>`, plus its token
+/// high-water mark `mark#<key>`; each protected object is one item whose partition key is
+/// `fenced#<name>`. See the crate docs for the attributes and what an operator may delete.
 #[derive(Clone)]
 pub struct DynamoStore {
     pub(crate) client: Client,
@@ -582,7 +583,10 @@ impl DynamoStore {
             if attempt > 0 && left < self.ctx.request_timeout / 4 {
                 break;
             }
-            match self.transact_acquire(key, &lease, record.token, left).await? {
+            match self
+                .transact_acquire(key, &lease, record.token, left)
+                .await?
+            {
                 Ok(()) => {
                     if record.token != proposed {
                         info!(

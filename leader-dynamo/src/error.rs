@@ -287,10 +287,7 @@ fn cancelled_otherwise(what: &str, ctx: &Context, reasons: &[Reason]) -> Error {
         }
     } else {
         Error::Backend {
-            message: format!(
-                "{what} on table {:?} was cancelled ({summary})",
-                ctx.table
-            ),
+            message: format!("{what} on table {:?} was cancelled ({summary})", ctx.table),
             source: None,
         }
     }

@@ -14,13 +14,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use common::{Proxy, delete_lease, mark_of, moto_url, raw_client, raw_item, store_at, timing};
 use leader_core::{
     Acquisition, Elector, Error, ErrorKind, Expected, Fence, FencedStore, FencingToken, HolderId,
     LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, ObjectName, Renewal, TermId,
     WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
-use aws_sdk_dynamodb::types::AttributeValue;
 use leader_dynamo::{DynamoBuilder, LEASE_PREFIX, MARK_PREFIX};
 use tokio::time::Instant;
 
@@ -673,10 +673,16 @@ async fn a_malformed_mark_is_reported_and_kept() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::MalformedRecord, "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("bad-mark") && msg.contains("mark#bad-mark"), "{msg}");
+    assert!(
+        msg.contains("bad-mark") && msg.contains("mark#bad-mark"),
+        "{msg}"
+    );
     assert!(store.read(&key).await.unwrap().is_none());
     let mark = raw_item(&url, &table, format!("{MARK_PREFIX}{key}"))
         .await
         .unwrap();
-    assert_eq!(mark.get("high"), Some(&AttributeValue::S("seven".to_owned())));
+    assert_eq!(
+        mark.get("high"),
+        Some(&AttributeValue::S("seven".to_owned()))
+    );
 }
