@@ -15,6 +15,7 @@ use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::error::TransactionCanceledException;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
     ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
@@ -23,17 +24,31 @@ use aws_sdk_dynamodb::types::{
 use leader_core::{
     ConfigError, Error, ErrorKind, Expected, Fence, FencedObject, FencedStore, FencingToken,
     HolderId, LeaseBackend, LeaseKey, LeaseRecord, LeaseState, Metadata, ObjectName, RecordParts,
-    Revision, Stored, Timing, WriteNonce, WriteOutcome, WriteRequest,
+    Revision, Stored, Timing, WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, info};
 
-use crate::error::{Context, DynamoError, Op, Reason, map_cancelled, map_sdk};
+use crate::error::{
+    AcquireCancelled, Context, DynamoError, Op, Reason, map_cancelled, map_cancelled_acquire,
+    map_sdk,
+};
 
 /// Prefix of the partition key of a lease item: `lease#<key>`.
 pub const LEASE_PREFIX: &str = "lease#";
 /// Prefix of the partition key of a protected object: `fenced#<name>`.
 pub const OBJECT_PREFIX: &str = "fenced#";
+/// Prefix of the partition key of a lease key's token high-water mark: `mark#<key>`. The
+/// item outlives the lease item; see the crate docs for what an operator may delete.
+pub const MARK_PREFIX: &str = "mark#";
+
+/// How many acquiring transactions one write may send: the proposal, then above the mark,
+/// then once more if the mark rose again in between (the lease item deleted once more).
+const MINT_ATTEMPTS: u32 = 3;
+
+/// The update of every lease write: the whole record, so that the item is exactly the write.
+const LEASE_UPDATE: &str = "SET #holder = :holder, #rev = :rev, #token = :token, #ttl = :ttl, \
+     #state = :state, #meta = :meta, #nonce = :nonce, #started = :started, #written = :written";
 
 /// The attribute names of the items (always used through `#name` placeholders).
 pub(crate) mod attr {
@@ -49,6 +64,7 @@ pub(crate) mod attr {
     pub(crate) const FENCE: &str = "fence";
     pub(crate) const VALUE: &str = "value";
     pub(crate) const OBJECT_REV: &str = "object_rev";
+    pub(crate) const HIGH: &str = "high";
 }
 
 const HELD: &str = "held";
@@ -125,8 +141,9 @@ where
 /// A DynamoDB table of lease items and fenced objects. Build it with
 /// [`DynamoBuilder`](crate::DynamoBuilder).
 ///
-/// Each lease key is one item whose partition key is `lease#<key>`; each protected object is
-/// one item whose partition key is `fenced#<name>`. See the crate docs for the attributes.
+/// Each lease key is one item whose partition key is `lease#<key>`, plus its token
+/// high-water mark `mark#<key>`; each protected object is one item whose partition key is
+/// `fenced#<name>`. See the crate docs for the attributes and what an operator may delete.
 #[derive(Clone)]
 pub struct DynamoStore {
     pub(crate) client: Client,
@@ -178,6 +195,66 @@ fn parse_nonce(s: &str) -> Option<WriteNonce> {
 }
 
 type Item = HashMap<String, AttributeValue>;
+
+/// A conditional write of a lease item, sent as an `UpdateItem` or inside a transaction.
+#[derive(Clone, Debug)]
+struct LeaseUpdate {
+    pk: (String, AttributeValue),
+    condition: &'static str,
+    names: HashMap<String, String>,
+    values: Item,
+    /// The `rev` attribute of the item once the write has landed.
+    next_rev: u64,
+}
+
+impl LeaseUpdate {
+    /// What the item is once this write of `record` has landed.
+    fn written(&self, record: &LeaseRecord) -> Stored {
+        Stored {
+            record: record.clone(),
+            revision: revision_of(self.next_rev, record.nonce),
+        }
+    }
+
+    fn set_token(&mut self, token: FencingToken) {
+        self.values.insert(":token".to_owned(), num(token.get()));
+    }
+}
+
+/// Why an acquiring transaction was cancelled, with the item DynamoDB returned for the
+/// failed condition.
+#[derive(Debug)]
+enum Cancelled {
+    /// The lease item is not as expected; the item as it is.
+    Lease(Option<Item>),
+    /// The token high-water mark is not below the token; the mark item.
+    Mark(Option<Item>),
+}
+
+/// The outcome of a lease write whose condition failed, given the item DynamoDB returned: if
+/// that item is exactly this write (an earlier attempt of it landed), a success; else a
+/// conflict naming the current record.
+fn conflict_or_ours(key: &str, record: &LeaseRecord, old: Option<Item>) -> WriteOutcome {
+    let current = old.and_then(|item| parse_lease(key, &item).ok());
+    if let Some(c) = &current
+        && c.record.holder == record.holder
+        && c.record.nonce == record.nonce
+    {
+        return WriteOutcome::Written(c.clone());
+    }
+    WriteOutcome::Conflict { current }
+}
+
+/// The reasons of a cancelled transaction, as plain data for the mapping in `error.rs`.
+fn reasons_of(t: &TransactionCanceledException) -> Vec<Reason> {
+    t.cancellation_reasons()
+        .iter()
+        .map(|r| Reason {
+            code: r.code().unwrap_or("None").to_owned(),
+            message: r.message().unwrap_or("").to_owned(),
+        })
+        .collect()
+}
 
 struct Fields<'a> {
     item: &'a Item,
@@ -267,6 +344,25 @@ pub(crate) fn parse_lease(key: &str, item: &Item) -> Result<Stored, Error> {
 }
 
 /// Parses a protected object, naming `object` in any error.
+/// Parses the token high-water mark item of lease `key`.
+pub(crate) fn parse_mark(key: &str, item: &Item) -> Result<FencingToken, Error> {
+    let found = item.get(attr::HIGH);
+    if let Some(AttributeValue::N(n)) = found
+        && let Ok(high) = n.parse::<u64>()
+    {
+        return Ok(FencingToken(high));
+    }
+    Err(Error::MalformedRecord {
+        key: key.to_owned(),
+        detail: format!(
+            "its token high-water mark item ({MARK_PREFIX}{key}) has no non-negative integer \
+             attribute {:?} (found {found:?}); set it to a number at least the highest fencing \
+             token ever issued for this key",
+            attr::HIGH
+        ),
+    })
+}
+
 pub(crate) fn parse_object(object: &str, item: &Item) -> Result<FencedObject, Error> {
     let f = Fields { item, name: object };
     let value = match item.get(attr::VALUE) {
@@ -345,13 +441,10 @@ impl DynamoStore {
             .transpose()
     }
 
-    async fn write_lease(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+    /// The conditional write of `request` to its lease item.
+    fn lease_update(&self, request: &WriteRequest) -> Result<LeaseUpdate, Error> {
         let key = request.key.as_str();
         let record = &request.record;
-        let update = String::from(
-            "SET #holder = :holder, #rev = :rev, #token = :token, #ttl = :ttl, #state = :state, \
-             #meta = :meta, #nonce = :nonce, #started = :started, #written = :written",
-        );
         let mut n = names(&[
             ("#holder", attr::HOLDER),
             ("#rev", attr::REV),
@@ -412,19 +505,35 @@ impl DynamoStore {
             }
         };
         v.insert(":rev".to_owned(), num(next_rev));
-        let pk = self.pk(LEASE_PREFIX, key);
+        Ok(LeaseUpdate {
+            pk: self.pk(LEASE_PREFIX, key),
+            condition,
+            names: n,
+            values: v,
+            next_rev,
+        })
+    }
+
+    async fn write_lease(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let lease = self.lease_update(&request)?;
+        let key = request.key.as_str();
+        let record = request.record;
+        if request.kind == WriteKind::Acquire {
+            return self.acquire_lease(key, record, lease).await;
+        }
+        // Renews and releases keep the token: one `UpdateItem` of the lease item, the mark
+        // is not touched.
         let outcome = with_retries(Op::Write, self.ctx.request_timeout, self.backoff, |left| {
-            let (pk, n, v) = (pk.clone(), n.clone(), v.clone());
-            let update = update.clone();
+            let lease = lease.clone();
             async move {
                 self.client
                     .update_item()
                     .table_name(&self.ctx.table)
-                    .key(pk.0, pk.1)
-                    .update_expression(update)
-                    .condition_expression(condition)
-                    .set_expression_attribute_names(Some(n))
-                    .set_expression_attribute_values(Some(v))
+                    .key(lease.pk.0, lease.pk.1)
+                    .update_expression(LEASE_UPDATE)
+                    .condition_expression(lease.condition)
+                    .set_expression_attribute_names(Some(lease.names))
+                    .set_expression_attribute_values(Some(lease.values))
                     .return_values(ReturnValue::AllNew)
                     .return_values_on_condition_check_failure(
                         ReturnValuesOnConditionCheckFailure::AllOld,
@@ -443,28 +552,170 @@ impl DynamoStore {
             }
         })
         .await?;
-        let ours = || Stored {
-            record: record.clone(),
-            revision: revision_of(next_rev, record.nonce),
-        };
-        match outcome {
-            Ok(Some(new)) => Ok(WriteOutcome::Written(
-                parse_lease(key, &new).unwrap_or_else(|_| ours()),
-            )),
-            Ok(None) => Ok(WriteOutcome::Written(ours())),
-            Err(old) => {
-                let current = old.and_then(|item| parse_lease(key, &item).ok());
-                // The item that failed the condition is exactly the write we make: an earlier
-                // attempt of ours landed. That is a success, not a conflict.
-                if let Some(c) = &current
-                    && c.record.holder == record.holder
-                    && c.record.nonce == record.nonce
-                {
-                    return Ok(WriteOutcome::Written(c.clone()));
+        Ok(match outcome {
+            Ok(Some(new)) => WriteOutcome::Written(
+                parse_lease(key, &new).unwrap_or_else(|_| lease.written(&record)),
+            ),
+            Ok(None) => WriteOutcome::Written(lease.written(&record)),
+            Err(old) => conflict_or_ours(key, &record, old),
+        })
+    }
+
+    /// Begins a term with one `TransactWriteItems` of two updates: the lease item (on its
+    /// condition) and the key's token high-water mark, set to the new token on condition that
+    /// it is below it or absent. The mark therefore only ever rises, and it is at least the
+    /// token of every term that ever began, whatever happened to the lease item.
+    ///
+    /// If only the mark's condition fails, the proposed token is not above every earlier one
+    /// (the lease item was deleted since the proposer read it): the token is raised above the
+    /// mark and the transaction sent again. A cancelled transaction applied nothing, so this
+    /// is not a blind retry; anything ambiguous still goes back to the core as indeterminate.
+    async fn acquire_lease(
+        &self,
+        key: &str,
+        mut record: LeaseRecord,
+        mut lease: LeaseUpdate,
+    ) -> Result<WriteOutcome, Error> {
+        let deadline = Instant::now() + self.ctx.request_timeout;
+        let proposed = record.token;
+        for attempt in 0..MINT_ATTEMPTS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if attempt > 0 && left < self.ctx.request_timeout / 4 {
+                break;
+            }
+            match self
+                .transact_acquire(key, &lease, record.token, left)
+                .await?
+            {
+                Ok(()) => {
+                    if record.token != proposed {
+                        info!(
+                            key,
+                            %proposed,
+                            token = %record.token,
+                            "the lease item had lost its history (deleted?); minted the token \
+                             above the key's high-water mark"
+                        );
+                    }
+                    return Ok(WriteOutcome::Written(lease.written(&record)));
                 }
-                Ok(WriteOutcome::Conflict { current })
+                Err(Cancelled::Lease(old)) => return Ok(conflict_or_ours(key, &record, old)),
+                Err(Cancelled::Mark(item)) => {
+                    let high = match item {
+                        Some(item) => Some(parse_mark(key, &item)?),
+                        // DynamoDB did not return the mark: read it.
+                        None => self.read_mark(key).await?,
+                    };
+                    if let Some(high) = high {
+                        let above = high.next().ok_or_else(|| Error::InvalidConfig {
+                            message: format!(
+                                "the fencing token of {key} reached u64::MAX in its high-water \
+                                 mark item ({MARK_PREFIX}{key}); no new term can begin"
+                            ),
+                            source: None,
+                        })?;
+                        record.token = record.token.max(above);
+                        lease.set_token(record.token);
+                    }
+                    debug!(key, %proposed, ?high, "the token high-water mark is not below the proposed token; raising it");
+                }
             }
         }
+        Err(Error::Unavailable {
+            message: format!(
+                "the token high-water mark of lease {key:?} kept rising while acquiring (is \
+                 the lease item being deleted over and over?); nothing was written, try again"
+            ),
+            source: None,
+        })
+    }
+
+    /// Sends one acquiring transaction (see [`acquire_lease`](Self::acquire_lease)) with
+    /// `token` as the new term's token, retrying only what DynamoDB cancelled for throttling.
+    async fn transact_acquire(
+        &self,
+        key: &str,
+        lease: &LeaseUpdate,
+        token: FencingToken,
+        budget: Duration,
+    ) -> Result<Result<(), Cancelled>, Error> {
+        let build = |e: aws_sdk_dynamodb::error::BuildError| {
+            Error::backend("building the acquiring transaction", e)
+        };
+        let lease_item = Update::builder()
+            .table_name(&self.ctx.table)
+            .key(lease.pk.0.clone(), lease.pk.1.clone())
+            .update_expression(LEASE_UPDATE)
+            .condition_expression(lease.condition)
+            .set_expression_attribute_names(Some(lease.names.clone()))
+            .set_expression_attribute_values(Some(lease.values.clone()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build)?;
+        let mark_pk = self.pk(MARK_PREFIX, key);
+        let mark_item = Update::builder()
+            .table_name(&self.ctx.table)
+            .key(mark_pk.0, mark_pk.1)
+            .update_expression("SET #high = :token")
+            // A mark that is not a number fails the condition (and is reported malformed)
+            // rather than being compared across types.
+            .condition_expression(
+                "attribute_not_exists(#pk) OR (attribute_type(#high, :number) AND #high < :token)",
+            )
+            .set_expression_attribute_names(Some(names(&[
+                ("#pk", &self.partition_key),
+                ("#high", attr::HIGH),
+            ])))
+            .set_expression_attribute_values(Some(HashMap::from([
+                (":token".to_owned(), num(token.get())),
+                (":number".to_owned(), AttributeValue::S("N".to_owned())),
+            ])))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build)?;
+        let items = vec![
+            TransactWriteItem::builder().update(lease_item).build(),
+            TransactWriteItem::builder().update(mark_item).build(),
+        ];
+        with_retries(Op::Write, budget, self.backoff, |left| {
+            let items = items.clone();
+            async move {
+                match self
+                    .client
+                    .transact_write_items()
+                    .set_transact_items(Some(items))
+                    .customize()
+                    .config_override(Self::attempt_config(left))
+                    .send()
+                    .await
+                {
+                    Ok(_) => Ok(Ok(())),
+                    Err(e) => match e.as_service_error() {
+                        Some(TransactWriteItemsError::TransactionCanceledException(t)) => {
+                            let returned = |i: usize| {
+                                t.cancellation_reasons()
+                                    .get(i)
+                                    .and_then(|r| r.item())
+                                    .cloned()
+                            };
+                            match map_cancelled_acquire(&self.ctx, &reasons_of(t)) {
+                                AcquireCancelled::Lease => Ok(Err(Cancelled::Lease(returned(0)))),
+                                AcquireCancelled::Mark => Ok(Err(Cancelled::Mark(returned(1)))),
+                                AcquireCancelled::Failed(e) => Err(e),
+                            }
+                        }
+                        _ => Err(map_sdk(Op::Write, &self.ctx, e)),
+                    },
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads the token high-water mark of lease `key`, if it has one.
+    async fn read_mark(&self, key: &str) -> Result<Option<FencingToken>, Error> {
+        let item = self.get(self.pk(MARK_PREFIX, key)).await?;
+        item.map(|item| parse_mark(key, &item)).transpose()
     }
 
     async fn transact_fenced(
@@ -553,18 +804,11 @@ impl DynamoStore {
                                     .and_then(|r| r.item())
                                     .and_then(|item| parse_object(object.as_str(), item).ok())
                                     .map(|o| o.fence);
-                                let reasons: Vec<Reason> = reasons
-                                    .iter()
-                                    .map(|r| Reason {
-                                        code: r.code().unwrap_or("None").to_owned(),
-                                        message: r.message().unwrap_or("").to_owned(),
-                                    })
-                                    .collect();
                                 Err(map_cancelled(
                                     &self.ctx,
                                     object.as_str(),
                                     fence.token,
-                                    &reasons,
+                                    &reasons_of(t),
                                     highest,
                                 ))
                             }

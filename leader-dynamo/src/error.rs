@@ -260,6 +260,39 @@ pub(crate) struct Reason {
     pub(crate) message: String,
 }
 
+/// Joins the reasons of a cancelled transaction for a message.
+fn summary(reasons: &[Reason]) -> String {
+    reasons
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("item {i}: {} {}", r.code, r.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The error of a transaction that DynamoDB cancelled for a reason other than a failed
+/// condition (`what` names the transaction). Nothing of it was applied.
+fn cancelled_otherwise(what: &str, ctx: &Context, reasons: &[Reason]) -> Error {
+    let summary = summary(reasons);
+    let has = |code: &str| reasons.iter().any(|r| r.code == code);
+    if has("ThrottlingError") || has("ProvisionedThroughputExceeded") {
+        Error::Throttled {
+            message: format!("{what} throttled ({summary})"),
+            source: None,
+        }
+    } else if has("TransactionConflict") {
+        Error::Unavailable {
+            message: format!("{what} conflicted with another one ({summary})"),
+            source: None,
+        }
+    } else {
+        Error::Backend {
+            message: format!("{what} on table {:?} was cancelled ({summary})", ctx.table),
+            source: None,
+        }
+    }
+}
+
 /// The error of a fenced-write transaction that DynamoDB cancelled; `reasons` are in the
 /// order of the transaction's items, `highest` is the object's fence if it was returned.
 pub(crate) fn map_cancelled(
@@ -269,37 +302,43 @@ pub(crate) fn map_cancelled(
     reasons: &[Reason],
     highest: Option<FencingToken>,
 ) -> Error {
-    let summary = reasons
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("item {i}: {} {}", r.code, r.message))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let has = |code: &str| reasons.iter().any(|r| r.code == code);
-    if has("ConditionalCheckFailed") {
+    if reasons.iter().any(|r| r.code == CONDITION_FAILED) {
         Error::Fenced {
             object: object.to_owned(),
             presented,
             highest: highest.filter(|h| *h > presented),
         }
-    } else if has("ThrottlingError") || has("ProvisionedThroughputExceeded") {
-        Error::Throttled {
-            message: format!("fenced transaction throttled ({summary})"),
-            source: None,
-        }
-    } else if has("TransactionConflict") {
-        Error::Unavailable {
-            message: format!("fenced transaction conflicted with another one ({summary})"),
-            source: None,
-        }
     } else {
-        Error::Backend {
-            message: format!(
-                "fenced transaction on table {:?} was cancelled ({summary})",
-                ctx.table
-            ),
-            source: None,
-        }
+        cancelled_otherwise("fenced transaction", ctx, reasons)
+    }
+}
+
+const CONDITION_FAILED: &str = "ConditionalCheckFailed";
+
+/// What a cancelled acquiring transaction means. Its items are, in order, the lease item and
+/// the key's token high-water mark. Nothing of a cancelled transaction was applied.
+#[derive(Debug)]
+pub(crate) enum AcquireCancelled {
+    /// The lease item's condition failed: it is not at the expected revision (a conflict, or
+    /// an earlier attempt of this very write landed).
+    Lease,
+    /// Only the mark's condition failed: the mark is at or above the proposed token, so the
+    /// token must be raised above it.
+    Mark,
+    /// Cancelled for another reason (throttling, a concurrent transaction, ...).
+    Failed(Error),
+}
+
+/// Decides what a cancelled acquiring transaction means (see [`AcquireCancelled`]). A failed
+/// lease condition wins over everything else: the write is then a conflict whatever the mark.
+pub(crate) fn map_cancelled_acquire(ctx: &Context, reasons: &[Reason]) -> AcquireCancelled {
+    let failed = |i: usize| reasons.get(i).is_some_and(|r| r.code == CONDITION_FAILED);
+    if failed(0) {
+        AcquireCancelled::Lease
+    } else if failed(1) {
+        AcquireCancelled::Mark
+    } else {
+        AcquireCancelled::Failed(cancelled_otherwise("acquiring transaction", ctx, reasons))
     }
 }
 
@@ -537,5 +576,45 @@ mod tests {
             ErrorKind::Unavailable
         );
         assert_eq!(kind(&[r("ValidationError")]), ErrorKind::Backend);
+    }
+    #[test]
+    fn cancelled_acquires() {
+        let r = |code: &str| Reason {
+            code: code.to_owned(),
+            message: String::new(),
+        };
+        let decide = |codes: &[&str]| {
+            let reasons: Vec<Reason> = codes.iter().map(|c| r(c)).collect();
+            map_cancelled_acquire(&ctx(), &reasons)
+        };
+        // A failed lease condition is a conflict, whatever happened to the mark.
+        for mark in ["None", "ConditionalCheckFailed", "TransactionConflict"] {
+            assert!(
+                matches!(
+                    decide(&["ConditionalCheckFailed", mark]),
+                    AcquireCancelled::Lease
+                ),
+                "{mark}"
+            );
+        }
+        assert!(matches!(
+            decide(&["None", "ConditionalCheckFailed"]),
+            AcquireCancelled::Mark
+        ));
+        let failed = |codes: &[&str]| match decide(codes) {
+            AcquireCancelled::Failed(e) => e,
+            other => panic!("{codes:?}: {other:?}"),
+        };
+        assert_eq!(
+            failed(&["None", "ThrottlingError"]).kind(),
+            ErrorKind::Throttled
+        );
+        assert_eq!(
+            failed(&["TransactionConflict", "None"]).kind(),
+            ErrorKind::Unavailable
+        );
+        let e = failed(&["ValidationError", "None"]);
+        assert_eq!(e.kind(), ErrorKind::Backend);
+        assert!(e.to_string().contains("acquiring transaction"), "{e}");
     }
 }

@@ -12,7 +12,8 @@
 //! Credentials come from the instance profile through `aws-config`'s default chain (IMDSv2);
 //! the region from `AWS_REGION` or the instance metadata. The role needs
 //! `dynamodb:GetItem`, `UpdateItem`, `ConditionCheckItem`, `DescribeTable` on the table (and
-//! `CreateTable` if you opt in to creating it).
+//! `CreateTable` if you opt in to creating it); the transactions of acquires and fenced
+//! writes are authorised by `UpdateItem` and `ConditionCheckItem` on their items.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -54,16 +55,52 @@
 //!
 //! One item per lease key, with partition key `lease#<key>` (attribute `pk` by default, a
 //! string), and the attributes `holder` (S), `rev` (N, bumped by every write), `token` (N,
-//! raised only when a new term begins, in the same conditional write), `ttl_ms` (N, a
-//! duration, never an absolute time), `state` (`held` / `released`), `meta` (M of S),
-//! `nonce` (S, random per write) and two informational wall-clock stamps. The core's
-//! revision is `<rev>.<nonce>`, and a write expecting it is conditional on both attributes,
-//! so a revision is never reused even if an operator deletes and recreates the item.
-//! Every write is an `UpdateItem` with `ReturnValues=ALL_NEW` and
-//! `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a conflict reports the current holder
-//! without a second read, and an item that is exactly our write is recognised as ours.
+//! raised only when a new term begins), `ttl_ms` (N, a duration, never an absolute time),
+//! `state` (`held` / `released`), `meta` (M of S), `nonce` (S, random per write) and two
+//! informational wall-clock stamps. The core's revision is `<rev>.<nonce>`, and a write
+//! expecting it is conditional on both attributes, so a revision is never reused even if an
+//! operator deletes and recreates the item.
+//!
+//! Beside it, one **token high-water mark** per lease key: partition key `mark#<key>`
+//! ([`MARK_PREFIX`]), attribute `high` (N), the highest fencing token any term of the key
+//! ever had. It only ever rises: every acquire is one `TransactWriteItems` that writes the
+//! lease item (on its condition) and sets `high` to the new token on condition that the mark
+//! is absent or a number below it. If only the mark's condition fails, the lease item lost
+//! its history (it was deleted): the store raises the token above the mark and sends the
+//! transaction again (the cancelled one applied nothing), and the core takes the raised
+//! token. So a term's token is above every earlier one even after the lease item is deleted.
+//!
+//! Renews and releases keep the token and do not touch the mark: each is one `UpdateItem`
+//! with `ReturnValues=ALL_NEW` and `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a
+//! conflict reports the current holder without a second read. Every failed lease condition
+//! returns the item, and an item that is exactly our write is recognised as ours.
 //! Protected objects are items `fenced#<name>` with `fence` (N), `value` (B) and
-//! `object_rev` (S). DynamoDB's TTL deletion is not used.
+//! `object_rev` (S). DynamoDB's TTL deletion is not used; do not enable it on these items.
+//!
+//! Requests, per lease key: an acquire is a consistent `GetItem` and one
+//! `TransactWriteItems` of two items (2 write units each, 4 in all, where a plain
+//! `UpdateItem` costs 1), plus one more transaction right after the lease item was deleted;
+//! a renew or a release is one `UpdateItem` (1 write unit); a follower's poll is one
+//! consistent `GetItem`.
+//!
+//! # What an operator may delete
+//!
+//! - **The lease item** `lease#<key>`: the usual way to clear a stuck lease. The holder
+//!   loses its term at its next renew (the renew finds no item) and its fenced writes are
+//!   rejected at once (they check the lease item); a candidate may acquire at once, and its
+//!   token is above every earlier one (from the mark).
+//! - **The mark alone** `mark#<key>`, while the lease item is there: harmless; the next
+//!   acquire mints above the lease item's token and writes the mark again.
+//! - **Both** (or the mark, then the lease item before any acquire rewrote the mark), the
+//!   whole table, or a restore of an older backup: **tokens start over** (from 1, or from the
+//!   backup's values). Do it only with every protected resource reset too, or for a key that
+//!   is retired. To repair a damaged mark (reported as a malformed record naming the mark
+//!   item), set `high` to a number at least the highest token ever issued for the key.
+//! - A protected object `fenced#<name>`: its fence goes with it, but a fenced write also
+//!   checks the lease item, so only the current holder can write it again.
+//!
+//! Lease items written by an older version of this crate have no mark yet; the first
+//! acquire writes it, and from then on the lease item may be deleted safely.
 //!
 //! # Requests and timeouts
 //!
@@ -85,4 +122,4 @@ mod client;
 mod error;
 
 pub use builder::DynamoBuilder;
-pub use client::{DynamoStore, LEASE_PREFIX, OBJECT_PREFIX};
+pub use client::{DynamoStore, LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX};

@@ -1,5 +1,6 @@
 //! DynamoDB-specific cases against moto: fenced transactions, lost responses, the table
-//! checks, and the request counts of a leader and a follower.
+//! checks, the request counts of a leader and a follower, and tokens that survive deletion of
+//! the lease item (the token high-water mark).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,13 +14,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Proxy, moto_url, store_at, timing};
+use aws_sdk_dynamodb::types::AttributeValue;
+use common::{Proxy, delete_lease, mark_of, moto_url, raw_client, raw_item, store_at, timing};
 use leader_core::{
     Acquisition, Elector, Error, ErrorKind, Expected, Fence, FencedStore, FencingToken, HolderId,
     LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, ObjectName, Renewal, TermId,
     WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
-use leader_dynamo::DynamoBuilder;
+use leader_dynamo::{DynamoBuilder, LEASE_PREFIX, MARK_PREFIX};
 use tokio::time::Instant;
 
 fn table() -> String {
@@ -206,7 +208,8 @@ async fn lost_or_late_write_responses_are_indeterminate() {
     let through = store_at(&proxy.url, &table).await;
     let key = LeaseKey::new("lost").unwrap();
 
-    proxy.drop_next("UpdateItem");
+    // An acquire is one transaction (the lease item and the token mark).
+    proxy.drop_next("TransactWriteItems");
     let err = through
         .write(WriteRequest::new(
             key.clone(),
@@ -218,6 +221,7 @@ async fn lost_or_late_write_responses_are_indeterminate() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    assert_eq!(proxy.dropped(), 1);
     let stored = direct.read(&key).await.unwrap().unwrap();
     assert_eq!(stored.record.nonce, WriteNonce(0xa1), "it was applied");
 
@@ -443,4 +447,242 @@ async fn from_env_honours_aws_endpoint_url() {
     let mut a = client(&backend, &LeaseKey::new("env").unwrap(), "a");
     acquire(&mut a).await;
     assert!(a.release().await.unwrap());
+}
+
+/// The token stored in the lease item of `key`.
+async fn lease_token(url: &str, table: &str, key: &LeaseKey) -> Option<u64> {
+    let item = raw_item(url, table, format!("{LEASE_PREFIX}{key}")).await?;
+    match item.get("token") {
+        Some(AttributeValue::N(n)) => Some(n.parse().unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn ops(proxy: &Proxy) -> Vec<(String, u64)> {
+    proxy.counts().into_iter().collect()
+}
+
+fn counted(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    pairs.iter().map(|(op, n)| ((*op).to_owned(), *n)).collect()
+}
+
+/// Deleting the lease item, mid-term or after a release, once or twice in a row, never lets a
+/// token be issued twice or go down: every term's token is above every earlier one, whoever
+/// acquires (a candidate that never saw the key, or one that saw it before the deletion).
+/// Also counts what an acquire and a renew cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_above_every_earlier_one_across_deletions() {
+    let url = moto_url().await;
+    let table = table();
+    store_at(&url, &table).await;
+    let proxy = Proxy::start(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let key = LeaseKey::new("deleted").unwrap();
+    let mut issued: Vec<u64> = Vec::new();
+    let check = |who: &str, token: FencingToken, issued: &mut Vec<u64>| {
+        let highest = issued.iter().copied().max().unwrap_or(0);
+        assert!(
+            token.get() > highest,
+            "{who} got token {token} after {issued:?} were issued"
+        );
+        issued.push(token.get());
+    };
+
+    // A key's first term: one read, one transaction; the term's renew: one UpdateItem, and
+    // the mark is not touched.
+    proxy.reset_counts();
+    let mut a = client(&through, &key, "a");
+    let ga = acquire(&mut a).await;
+    check("a", ga.token, &mut issued);
+    assert_eq!(
+        ops(&proxy),
+        counted(&[("GetItem", 1), ("TransactWriteItems", 1)])
+    );
+    proxy.reset_counts();
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+    assert_eq!(ops(&proxy), counted(&[("UpdateItem", 1)]));
+    assert_eq!(mark_of(&url, &table, &key).await, Some(ga.token.get()));
+
+    // Round 1: deleted mid-term; a candidate that never saw the key proposes token 1, and
+    // the store mints above the mark instead (one more transaction).
+    delete_lease(&url, &table, &key).await;
+    proxy.reset_counts();
+    let mut b = client(&through, &key, "b");
+    let gb = acquire(&mut b).await;
+    check("b", gb.token, &mut issued);
+    assert_eq!(
+        ops(&proxy),
+        counted(&[("GetItem", 1), ("TransactWriteItems", 2)])
+    );
+    // The deposed holder's renew finds no item: its term is over.
+    assert!(
+        matches!(a.renew().await.unwrap(), Renewal::Lost { .. }),
+        "a renew after deletion must lose the term"
+    );
+
+    // Round 2: released, then deleted; a, who saw the key before, acquires again.
+    assert!(b.release().await.unwrap());
+    delete_lease(&url, &table, &key).await;
+    let ga2 = acquire(&mut a).await;
+    check("a again", ga2.token, &mut issued);
+
+    // Round 3: deleted twice in a row (the second time with nothing to delete), then a new
+    // candidate; and round 4: once more, mid-term.
+    delete_lease(&url, &table, &key).await;
+    delete_lease(&url, &table, &key).await;
+    let mut c = client(&through, &key, "c");
+    let gc = acquire(&mut c).await;
+    check("c", gc.token, &mut issued);
+    delete_lease(&url, &table, &key).await;
+    let mut d = client(&through, &key, "d");
+    let gd = acquire(&mut d).await;
+    check("d", gd.token, &mut issued);
+
+    // The item and the mark agree with the last term, and every token is unique.
+    assert_eq!(lease_token(&url, &table, &key).await, Some(gd.token.get()));
+    assert_eq!(mark_of(&url, &table, &key).await, Some(gd.token.get()));
+    let mut unique = issued.clone();
+    unique.dedup();
+    assert_eq!(unique, issued);
+    eprintln!("tokens across deletions: {issued:?}");
+}
+
+/// A stale writer cannot lower the mark: an acquire conditional on an old revision is a
+/// conflict that leaves the mark alone, and an acquire that proposes a token at or below the
+/// mark (after a deletion) gets a token above it, never rewinds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_mark_is_never_lowered_by_a_stale_writer() {
+    let url = moto_url().await;
+    let table = table();
+    let store = store_at(&url, &table).await;
+    let backend: Arc<dyn LeaseBackend> = Arc::new(store.clone());
+    let key = LeaseKey::new("stale").unwrap();
+    let mut a = client(&backend, &key, "a");
+    let g1 = acquire(&mut a).await;
+    let seen_by_stale = store.read(&key).await.unwrap().unwrap();
+    assert!(a.release().await.unwrap());
+    let mut b = client(&backend, &key, "b");
+    let g2 = acquire(&mut b).await;
+    assert!(g2.token > g1.token);
+    assert_eq!(mark_of(&url, &table, &key).await, Some(g2.token.get()));
+
+    let stale = |expected: Expected, token: u64, nonce: u64| {
+        WriteRequest::new(
+            key.clone(),
+            expected,
+            record("stale", token, nonce),
+            WriteKind::Acquire,
+            TermId(u128::from(nonce)),
+        )
+    };
+    // 1. A late acquire on the revision it read long ago, with the token it proposed then
+    //    and with a lower one: a conflict; neither the lease nor the mark moves.
+    for token in [g1.token.get() + 1, 1] {
+        let out = store
+            .write(stale(
+                Expected::Revision(seen_by_stale.revision.clone()),
+                token,
+                0x51 + token,
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(out, WriteOutcome::Conflict { .. }), "{out:?}");
+        assert_eq!(mark_of(&url, &table, &key).await, Some(g2.token.get()));
+        assert_eq!(lease_token(&url, &table, &key).await, Some(g2.token.get()));
+    }
+
+    // 2. The lease item is deleted; a writer that believes the key is new proposes token 1,
+    //    and one proposes exactly the mark. Each write lands above the mark, which rises.
+    let mut highest = g2.token.get();
+    for (token, nonce) in [(1, 0x61), (0, 0x62)] {
+        delete_lease(&url, &table, &key).await;
+        let token = if token == 0 { highest } else { token };
+        let out = store
+            .write(stale(Expected::Absent, token, nonce))
+            .await
+            .unwrap();
+        let WriteOutcome::Written(written) = out else {
+            panic!("an acquire of a deleted item must land: {out:?}");
+        };
+        assert!(
+            written.record.token.get() > highest,
+            "proposed {token}: got {} with the mark at {highest}",
+            written.record.token
+        );
+        highest = written.record.token.get();
+        assert_eq!(mark_of(&url, &table, &key).await, Some(highest));
+        assert_eq!(lease_token(&url, &table, &key).await, Some(highest));
+        // What the store reported is what it stored.
+        assert_eq!(store.read(&key).await.unwrap().unwrap(), written);
+    }
+}
+
+/// An acquire above the mark whose response is lost is recognised by the core as its own
+/// write, with the raised token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_above_the_mark_is_recognised_with_its_token() {
+    let url = moto_url().await;
+    let table = table();
+    let direct = store_at(&url, &table).await;
+    let backend: Arc<dyn LeaseBackend> = Arc::new(direct.clone());
+    let key = LeaseKey::new("lost-mark").unwrap();
+    let mut a = client(&backend, &key, "a");
+    let g1 = acquire(&mut a).await;
+    delete_lease(&url, &table, &key).await;
+
+    let proxy = Proxy::start(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let mut b = client(&through, &key, "b");
+    // The first transaction (token 1) is cancelled by the mark; the second one lands above
+    // it, and its response is lost.
+    proxy.drop_after("TransactWriteItems", 1);
+    let g2 = acquire(&mut b).await;
+    assert_eq!(proxy.dropped(), 1);
+    assert!(g2.token > g1.token, "{} after {}", g2.token, g1.token);
+    let stored = direct.read(&key).await.unwrap().unwrap();
+    assert_eq!(stored.record.holder, *b.holder());
+    assert_eq!(stored.record.token, g2.token);
+    assert!(matches!(b.renew().await.unwrap(), Renewal::Renewed(g) if g.token == g2.token));
+}
+
+/// A damaged mark is reported naming the key and the mark item, and nothing is written over
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_mark_is_reported_and_kept() {
+    let url = moto_url().await;
+    let table = table();
+    let store = store_at(&url, &table).await;
+    let key = LeaseKey::new("bad-mark").unwrap();
+    raw_client(&url)
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S(format!("{MARK_PREFIX}{key}")))
+        .item("high", AttributeValue::S("seven".to_owned()))
+        .send()
+        .await
+        .unwrap();
+    let err = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Absent,
+            record("a", 1, 0x1),
+            WriteKind::Acquire,
+            TermId(1),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::MalformedRecord, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("bad-mark") && msg.contains("mark#bad-mark"),
+        "{msg}"
+    );
+    assert!(store.read(&key).await.unwrap().is_none());
+    let mark = raw_item(&url, &table, format!("{MARK_PREFIX}{key}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        mark.get("high"),
+        Some(&AttributeValue::S("seven".to_owned()))
+    );
 }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use integration_tests::{Emulator, require};
 use leader_core::conformance::{ConformantStore, Harness};
 use leader_core::{Error, LeaseKey, Timing};
-use leader_dynamo::{DynamoBuilder, DynamoStore, LEASE_PREFIX};
+use leader_dynamo::{DynamoBuilder, DynamoStore, LEASE_PREFIX, MARK_PREFIX};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OnceCell;
@@ -44,6 +44,53 @@ pub(crate) async fn store_at(url: &str, table: &str) -> DynamoStore {
         .build()
         .await
         .unwrap()
+}
+
+/// A plain SDK client of the emulator at `url`, for what an operator does by hand.
+pub(crate) fn raw_client(url: &str) -> aws_sdk_dynamodb::Client {
+    let endpoint = integration_tests::Endpoint {
+        emulator: Emulator::DynamoDb,
+        url: url.to_owned(),
+        source: integration_tests::Source::Env,
+    };
+    integration_tests::dynamodb::client(&endpoint)
+}
+
+/// Deletes the lease item of `key`, as an operator recovering a stuck lease does.
+pub(crate) async fn delete_lease(url: &str, table: &str, key: &LeaseKey) {
+    raw_client(url)
+        .delete_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(format!("{LEASE_PREFIX}{key}")))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The attributes of the item with partition key `pk`, read directly (consistently).
+pub(crate) async fn raw_item(
+    url: &str,
+    table: &str,
+    pk: String,
+) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    raw_client(url)
+        .get_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+}
+
+/// The token high-water mark of `key` as stored (`None` if the item is absent).
+pub(crate) async fn mark_of(url: &str, table: &str, key: &LeaseKey) -> Option<u64> {
+    let item = raw_item(url, table, format!("{MARK_PREFIX}{key}")).await?;
+    match item.get("high") {
+        Some(AttributeValue::N(n)) => Some(n.parse().unwrap()),
+        other => panic!("the mark of {key} is not a number: {other:?}"),
+    }
 }
 
 /// One table per harness (that is, per conformance case).
@@ -133,7 +180,8 @@ pub(crate) struct Proxy {
 #[derive(Default)]
 struct Shared {
     counts: Mutex<BTreeMap<String, u64>>,
-    drop_next: Mutex<Option<(String, bool)>>,
+    /// (operation, hang instead of dropping at once, requests of it to let through first)
+    drop_next: Mutex<Option<(String, bool, u64)>>,
     dropped: AtomicU64,
     throttle: Mutex<Option<(String, u64)>>,
 }
@@ -161,13 +209,18 @@ impl Proxy {
 
     /// Drop the response to the next request of `operation` (e.g. `UpdateItem`).
     pub(crate) fn drop_next(&self, operation: &str) {
-        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), false));
+        self.drop_after(operation, 0);
+    }
+
+    /// Drop the response to the request of `operation` that follows the next `skip` ones.
+    pub(crate) fn drop_after(&self, operation: &str, skip: u64) {
+        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), false, skip));
     }
 
     /// Hold the response to the next request of `operation` for a minute (the client times
     /// out), after the emulator applied it.
     pub(crate) fn hang_next(&self, operation: &str) {
-        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), true));
+        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), true, 0));
     }
 
     /// Answer the next `times` requests of `operation` with a `ThrottlingException`, without
@@ -275,7 +328,11 @@ async fn serve(conn: TcpStream, upstream: &str, shared: &Shared) -> std::io::Res
         let drop_it = {
             let mut d = shared.drop_next.lock().unwrap();
             match d.take() {
-                Some((o, hang)) if o == op => Some(hang),
+                Some((o, hang, 0)) if o == op => Some(hang),
+                Some((o, hang, skip)) if o == op => {
+                    *d = Some((o, hang, skip - 1));
+                    None
+                }
                 other => {
                     *d = other;
                     None
