@@ -79,9 +79,26 @@ struct Shared {
     faults: watch::Sender<ProxyFaults>,
     counts: ProxyCounts,
     rng: Mutex<u64>,
+    /// Requests to let through, then requests whose response is lost, whatever the faults.
+    lose_plan: Mutex<(u64, u64)>,
 }
 
 impl Shared {
+    fn planned_loss(&self) -> bool {
+        let mut plan = self.lose_plan.lock().unwrap_or_else(|e| e.into_inner());
+        match *plan {
+            (0, 0) => false,
+            (0, lose) => {
+                plan.1 = lose - 1;
+                true
+            }
+            (skip, _) => {
+                plan.0 = skip - 1;
+                false
+            }
+        }
+    }
+
     fn chance(&self, p: f64) -> bool {
         if p <= 0.0 {
             return false;
@@ -144,6 +161,7 @@ impl FaultProxy {
             faults,
             counts: ProxyCounts::default(),
             rng: Mutex::new(seed),
+            lose_plan: Mutex::new((0, 0)),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Self { addr, shared, task })
@@ -157,6 +175,17 @@ impl FaultProxy {
     /// Replaces the faults in force.
     pub fn set(&self, faults: ProxyFaults) {
         self.shared.faults.send_replace(faults);
+    }
+
+    /// Of the next requests (in the order they arrive), lets `skip` through and then forwards
+    /// `count` and drops their responses, whatever the faults in force; requests held by a
+    /// blackhole or throttled do not count.
+    pub fn lose_responses(&self, skip: u64, count: u64) {
+        *self
+            .shared
+            .lose_plan
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = (skip, count);
     }
 
     /// Turns every fault off.
@@ -337,7 +366,7 @@ async fn handle(mut conn: TcpStream, shared: Arc<Shared>) {
         // applied: the hardest lost-response case.
         tokio::time::sleep(faults.late_by).await;
     }
-    let lose = late || shared.chance(faults.lose_response_fraction);
+    let lose = late || shared.planned_loss() || shared.chance(faults.lose_response_fraction);
     let Ok(mut up) = TcpStream::connect(shared.upstream).await else {
         return;
     };

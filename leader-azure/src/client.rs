@@ -10,7 +10,10 @@
 //! held only while the blob's lease is active (`x-ms-lease-state: leased`), and the revision
 //! is the blob's ETag together with its lease state. So a lease that an operator broke, or
 //! that expired, reads as released with a new revision, and the holder's next renew is
-//! reported lost although the record itself did not change.
+//! reported lost although the record itself did not change. A holder that lost the answer to
+//! one of its writes re-reads with its lease id ([`LeaseBackend::read_for_term`]), which the
+//! service answers only while that lease is active, so it never takes back a term whose lease
+//! was broken or passed to another candidate in between.
 //! - `token.{key}`: the highest token ever granted for the key, so that a term that starts on
 //!   a recreated lease blob (an operator deleted it) still gets a higher token.
 //! - `fenced.{name}`: a protected object; its fence is in the `leaderfence` metadata.
@@ -26,16 +29,17 @@ use azure_core::Bytes;
 use azure_core::http::headers::{HeaderName, Headers};
 use azure_core::http::{Etag, RequestContent};
 use azure_storage_blob::models::{
-    BlobClientAcquireLeaseOptions, BlobClientAcquireLeaseResultHeaders,
+    BlobClientAcquireLeaseOptions, BlobClientAcquireLeaseResultHeaders, BlobClientDownloadOptions,
     BlobClientReleaseLeaseOptions, BlobClientReleaseLeaseResultHeaders,
     BlobClientRenewLeaseOptions, BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
 use leader_core::{
     ConfigError, Error, Expected, ExpiryModel, Fence, FencedObject, FencedStore, FencingToken,
-    LeaseBackend, LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, Timing,
+    LeaseBackend, LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing,
     WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::{Class, Effect, classify, to_error};
@@ -57,6 +61,13 @@ const PLACEHOLDER_NONCE_MASK: u64 = 0x5a5a_5a5a_5a5a_5a5a;
 const LEASE_STATE_HEADER: HeaderName = HeaderName::from_static("x-ms-lease-state");
 const LEASED: &str = "leased";
 const AVAILABLE: &str = "available";
+/// The lease-state part of a revision read by a term whose lease the blob does not have.
+const NOT_OURS: &str = "not-ours";
+/// An acquire-lease call may take this share of the request timeout (1/3), so that a call
+/// whose answer is lost can be asked again, with the same lease id, within the timeout.
+const LEASE_ATTEMPT_SHARE: u32 = 3;
+/// The pause before asking again for a lease whose answer was lost or failed.
+const LEASE_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The revision of a lease blob: its ETag and its lease state.
 fn revision(etag: &str, lease_state: &str) -> Revision {
@@ -204,7 +215,20 @@ impl AzureLeaseStore {
     }
 
     async fn fetch(&self, blob: &BlobClient) -> Result<Option<Fetched>, azure_core::Error> {
-        let response = match blob.download(None).await {
+        self.fetch_with(blob, None).await
+    }
+
+    /// Downloads a blob; with `lease_id`, only if the blob's lease is active with that id.
+    async fn fetch_with(
+        &self,
+        blob: &BlobClient,
+        lease_id: Option<String>,
+    ) -> Result<Option<Fetched>, azure_core::Error> {
+        let options = BlobClientDownloadOptions {
+            lease_id,
+            ..BlobClientDownloadOptions::default()
+        };
+        let response = match blob.download(Some(options)).await {
             Ok(r) => r,
             Err(e) if classify(&e) == Class::BlobMissing => return Ok(None),
             Err(e) => return Err(e),
@@ -250,12 +274,6 @@ impl AzureLeaseStore {
         let content = RequestContent::from(body);
         let result = blob.upload(content, Some(options)).await?;
         Ok(result.etag.map(|e| e.to_string()).unwrap_or_default())
-    }
-
-    async fn release_quietly(&self, blob: &BlobClient, lease_id: &str) {
-        if let Err(e) = blob.release_lease(lease_id.to_owned(), None).await {
-            debug!(error = %e, "could not release a lease after a failed acquire; it expires by itself");
-        }
     }
 
     /// Raises the high-water mark of `key` to at least `proposed` and returns the token to
@@ -304,7 +322,17 @@ impl AzureLeaseStore {
         )))
     }
 
-    async fn acquire(&self, blob: &BlobClient, req: &WriteRequest) -> Result<WriteOutcome, Error> {
+    /// Acquire: create the blob if absent, take its lease with the term as lease id, raise the
+    /// token's high-water mark, write the record with the lease.
+    ///
+    /// A lease this acquire may have taken but not used (its record was not written) is
+    /// released, so that no stray lease blocks everyone for a ttl: see [`PendingLease`].
+    async fn acquire(
+        &self,
+        blob: &BlobClient,
+        req: &WriteRequest,
+        deadline: Instant,
+    ) -> Result<WriteOutcome, Error> {
         let lease_id = req.term.to_guid();
         let duration = lease_secs(req.record.ttl)?;
         let base = match &req.expected {
@@ -332,44 +360,142 @@ impl AzureLeaseStore {
             }
             Expected::Revision(r) => etag_of(r).to_owned(),
         };
-        let options = BlobClientAcquireLeaseOptions {
-            proposed_lease_id: Some(lease_id.clone()),
-            if_match: Some(Etag::from(base.as_str())),
-            ..BlobClientAcquireLeaseOptions::default()
+        let mut pending = PendingLease {
+            container: self.container.clone(),
+            blob_name: Self::lease_blob_name(&req.key),
+            lease_id,
+            etag: base,
+            timeout: self.request_timeout,
+            armed: false,
         };
-        let leased = match blob.acquire_lease(duration, Some(options)).await {
-            Ok(response) => response
-                .etag()
-                .ok()
-                .flatten()
-                .map(|e| e.to_string())
-                .unwrap_or(base),
-            Err(e) if classify(&e).is_conflict() => return Ok(conflict()),
-            Err(e) => return Err(self.err(e, "acquiring the blob lease", Effect::Unknown)),
+        let Some(leased) = self
+            .take_lease(blob, &req.key, duration, deadline, &mut pending)
+            .await?
+        else {
+            return Ok(conflict());
         };
+        pending.etag.clone_from(&leased);
         let token = match self.raise_high_water(&req.key, req.record.token).await {
             Ok(t) => t,
             Err(e) => {
-                self.release_quietly(blob, &lease_id).await;
+                pending.release().await;
                 return Err(e);
             }
         };
         let mut record = req.record.clone();
         record.token = token;
-        let outcome = self
+        match self
             .put_record(
                 blob,
                 record,
                 &leased,
-                &lease_id,
+                &pending.lease_id,
                 "writing the acquired lease record",
             )
-            .await?;
-        if let WriteOutcome::Conflict { .. } = outcome {
+            .await
+        {
+            Ok(WriteOutcome::Written(stored)) => {
+                pending.armed = false;
+                Ok(WriteOutcome::Written(stored))
+            }
             // Nothing of ours was written: give the lease back for the next contender.
-            self.release_quietly(blob, &lease_id).await;
+            Ok(refused) => {
+                pending.release().await;
+                Ok(refused)
+            }
+            // The record may have been written. The release is conditional on the ETag the
+            // blob had before, so it frees the lease only if the record was not written (and
+            // then it can no longer be, as it needs the lease): either the core finds its
+            // record with the lease still its own, or nobody is blocked.
+            Err(e) => {
+                pending.release().await;
+                Err(e)
+            }
         }
-        Ok(outcome)
+    }
+
+    /// Takes the lease of `blob` for `pending.lease_id`, conditional on `pending.etag`, and
+    /// returns the blob's ETag, or `None` if another lease or a change is in the way.
+    ///
+    /// A call whose answer is lost (or that fails in a way that may hide an applied request)
+    /// is asked again with the *same* proposed lease id: the service grants a lease that is
+    /// already active with that id again (Azure and Azurite both accept an acquire with the
+    /// active lease id as proposed id, restarting its duration), so a retry recovers a lease
+    /// that the lost call took. Each call may take a third of the request timeout; attempts
+    /// go on until `deadline`. If none is answered, `pending` stays armed, and the caller's
+    /// dropping it releases the lease id in the background.
+    async fn take_lease(
+        &self,
+        blob: &BlobClient,
+        key: &LeaseKey,
+        duration: i32,
+        deadline: Instant,
+        pending: &mut PendingLease,
+    ) -> Result<Option<String>, Error> {
+        let per_attempt = self.request_timeout / LEASE_ATTEMPT_SHARE;
+        let mut attempts = 0u32;
+        let mut last: Option<Error> = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            attempts += 1;
+            let options = BlobClientAcquireLeaseOptions {
+                proposed_lease_id: Some(pending.lease_id.clone()),
+                if_match: Some(Etag::from(pending.etag.as_str())),
+                ..BlobClientAcquireLeaseOptions::default()
+            };
+            // Any request sent may be applied: from now on, the lease may be ours.
+            let maybe_ours = pending.armed;
+            pending.armed = true;
+            let limit = per_attempt.min(left);
+            match tokio::time::timeout(limit, blob.acquire_lease(duration, Some(options))).await {
+                Ok(Ok(response)) => {
+                    if attempts > 1 {
+                        info!(%key, attempts, "took the blob lease after asking again with the same lease id");
+                    }
+                    return Ok(Some(
+                        response
+                            .etag()
+                            .ok()
+                            .flatten()
+                            .map_or_else(|| pending.etag.clone(), |e| e.to_string()),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    let class = classify(&e);
+                    if class.is_conflict() || !may_retry(class) {
+                        // A stated refusal: this call took nothing. An earlier one whose
+                        // answer was lost may have; `pending` then stays armed.
+                        pending.armed = maybe_ours;
+                        if class.is_conflict() {
+                            return Ok(None);
+                        }
+                        return Err(self.err(e, "acquiring the blob lease", Effect::Settled));
+                    }
+                    if class == Class::NotSent {
+                        pending.armed = maybe_ours;
+                    }
+                    debug!(%key, attempt = attempts, error = %e, "the lease call failed; asking again with the same lease id");
+                    last = Some(self.err(e, "acquiring the blob lease", Effect::Settled));
+                }
+                Err(_) => {
+                    debug!(%key, attempt = attempts, after = ?limit, "no answer to the lease call; asking again with the same lease id");
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(LEASE_RETRY_PAUSE.min(left)).await;
+        }
+        warn!(%key, attempts, "no answer to the lease call within the request timeout; releasing its lease id");
+        let message = format!(
+            "the lease of {key} could not be taken: no answer to the lease call within {:?} ({attempts} attempts with the same lease id); nothing was written, and the lease id is being released",
+            self.request_timeout
+        );
+        Err(Error::Unavailable {
+            message,
+            source: last.map(|e| Box::new(e) as leader_core::BoxError),
+        })
     }
 
     /// Writes `record` with the lease id, on condition of `etag`.
@@ -468,6 +594,100 @@ impl AzureLeaseStore {
         }
         Ok(WriteOutcome::Written(stored))
     }
+}
+
+/// A blob lease that an acquire may hold but has not used: no record was written with it
+/// (or it is unknown whether one was). Unless disarmed, it is released: by
+/// [`release`](Self::release), or in the background when dropped armed (the acquire failed,
+/// or was cancelled at its timeout), so that a lease whose call went unanswered does not block
+/// every candidate until it expires.
+///
+/// The release is conditional on `etag`, the ETag the blob had before the record would have
+/// been written: a record written with this lease keeps it (the core may find it and hold
+/// the term), and once the lease is released no record can be written with it any more.
+/// A lease call that reaches the service after the release can still take the lease; it
+/// then expires after one ttl.
+struct PendingLease {
+    container: Arc<BlobContainerClient>,
+    blob_name: String,
+    lease_id: String,
+    etag: String,
+    timeout: Duration,
+    armed: bool,
+}
+
+impl PendingLease {
+    /// Releases the lease now, best-effort and within the request timeout. If this is
+    /// cancelled, the release is sent again from [`Drop`].
+    async fn release(&mut self) {
+        if self.armed {
+            release_unused(
+                self.container.clone(),
+                self.blob_name.clone(),
+                self.lease_id.clone(),
+                self.etag.clone(),
+                self.timeout,
+            )
+            .await;
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for PendingLease {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let release = release_unused(
+            self.container.clone(),
+            std::mem::take(&mut self.blob_name),
+            std::mem::take(&mut self.lease_id),
+            std::mem::take(&mut self.etag),
+            self.timeout,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(release);
+            }
+            Err(_) => {
+                warn!(
+                    "an unused blob lease could not be released (no runtime); it expires by itself"
+                );
+            }
+        }
+    }
+}
+
+async fn release_unused(
+    container: Arc<BlobContainerClient>,
+    blob_name: String,
+    lease_id: String,
+    etag: String,
+    limit: Duration,
+) {
+    let blob = container.blob_client(&blob_name);
+    let options = BlobClientReleaseLeaseOptions {
+        if_match: Some(Etag::from(etag)),
+        ..BlobClientReleaseLeaseOptions::default()
+    };
+    match tokio::time::timeout(limit, blob.release_lease(lease_id, Some(options))).await {
+        Ok(Ok(_)) => debug!(blob = %blob_name, "released an unused blob lease"),
+        Ok(Err(e)) => {
+            debug!(blob = %blob_name, error = %e, "did not release the blob lease (not ours, or the record was written with it)");
+        }
+        Err(_) => {
+            warn!(blob = %blob_name, "releasing an unused blob lease got no answer; it expires by itself");
+        }
+    }
+}
+
+/// Whether a failed lease call may be asked again: it was not a stated refusal.
+fn may_retry(class: Class) -> bool {
+    matches!(
+        class,
+        Class::NoAnswer | Class::ServerError | Class::Throttled | Class::Other | Class::NotSent
+    )
 }
 
 fn conflict() -> WriteOutcome {
@@ -579,13 +799,56 @@ impl LeaseBackend for AzureLeaseStore {
         self.bounded_read("reading the lease blob", work).await
     }
 
+    /// Reads the lease blob with the term's lease id (`x-ms-lease-id`), which the service
+    /// answers only while the blob's lease is active with that id: the record and the lease
+    /// are checked in one request. If the lease is another's, broken, breaking, expired or
+    /// released, the record is read again without the id and reported released.
+    async fn read_for_term(&self, key: &LeaseKey, term: TermId) -> Result<Option<Stored>, Error> {
+        let blob = self.container.blob_client(&Self::lease_blob_name(key));
+        let work = async {
+            let what = "re-reading the lease blob with the term's lease id";
+            let (fetched, ours) = match self.fetch_with(&blob, Some(term.to_guid())).await {
+                Ok(f) => (f, true),
+                Err(e) if classify(&e) == Class::Lost => {
+                    let plain = self
+                        .fetch(&blob)
+                        .await
+                        .map_err(|e| self.err(e, what, Effect::Settled))?;
+                    (plain, false)
+                }
+                Err(e) => return Err(self.err(e, what, Effect::Settled)),
+            };
+            let Some(f) = fetched else {
+                return Ok(None);
+            };
+            let mut record = LeaseRecord::from_json(key.as_str(), &f.body)?;
+            let lease_state = f
+                .headers
+                .get_optional_str(&LEASE_STATE_HEADER)
+                .unwrap_or(AVAILABLE)
+                .to_ascii_lowercase();
+            // A breaking lease still answers to its id, but it cannot be renewed: not a term.
+            let ours = ours && lease_state == LEASED;
+            if !ours {
+                record.state = LeaseState::Released;
+            }
+            let state = if ours { LEASED } else { NOT_OURS };
+            Ok(Some(Stored {
+                record,
+                revision: revision(&f.etag, state),
+            }))
+        };
+        self.bounded_read("re-reading the lease blob", work).await
+    }
+
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
         let blob = self
             .container
             .blob_client(&Self::lease_blob_name(&request.key));
+        let deadline = Instant::now() + self.request_timeout;
         let work = async {
             match request.kind {
-                WriteKind::Acquire => self.acquire(&blob, &request).await,
+                WriteKind::Acquire => self.acquire(&blob, &request, deadline).await,
                 WriteKind::Renew => self.renew(&blob, &request).await,
                 WriteKind::Release => self.release(&blob, &request).await,
             }

@@ -50,8 +50,16 @@
 //!
 //! # Guarantees and limits
 //! - Every call is bounded by the store's request timeout (default 1.5 s), and the SDK does
-//!   not retry: the lease logic in `leader-core` decides what to retry. A write whose answer
-//!   is lost is reported as indeterminate and resolved by re-reading.
+//!   not retry: the lease logic in `leader-core` decides what to retry (the one exception, the
+//!   lease call of an acquire, is below). A write whose answer
+//!   is lost is reported as indeterminate and resolved by re-reading with the term's lease id:
+//!   the write counts only if the blob's lease is still that term's.
+//! - A lease call whose answer is lost is asked again with the same lease id (the service
+//!   grants the active lease to its own id again) within the request timeout; if no attempt
+//!   is answered, or the acquire fails after the lease was taken, the lease is released
+//!   (conditional on the blob being unchanged, so a record written with it keeps it). A lease
+//!   call that reaches the service only after that release can still hold the blob until its
+//!   lease expires.
 //! - Lease durations other than 15 to 60 whole seconds are rejected when the elector is
 //!   built ([`leader_core::LeaseBackend::check_timing`]).
 //! - Fenced writes to other blobs ([`leader_core::FencedStore`]) keep the writer's token in

@@ -11,14 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use azure_storage_blob::models::BlobClientBreakLeaseOptions;
+use azure_storage_blob::models::{BlobClientAcquireLeaseOptions, BlobClientBreakLeaseOptions};
+use integration_tests::proxy::{FaultProxy, ProxyFaults, authority};
 use integration_tests::{Emulator, require, unique_name};
 use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
 use leader_core::conformance::{ConformantStore, Harness};
 use leader_core::{
-    Acquisition, ConfigError, Error, ErrorKind, Expected, FencingToken, HolderId, LeaseBackend,
-    LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, TermId, Timing, WriteKind, WriteNonce,
-    WriteOutcome, WriteRequest,
+    Acquisition, ConfigError, Error, ErrorKind, Expected, ExpiryModel, FencingToken, HolderId,
+    LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, Stored, TermId, Timing,
+    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 
@@ -448,4 +449,307 @@ async fn from_env_reaches_the_emulator_and_measures_round_trips() {
     eprintln!(
         "MEASURED: against Azurite, acquire of a new key {acquire:?}, renew {renew:?}, release {release:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lost answers: a write applied by Azurite whose answer never reaches the writer.
+
+/// What happens on Azurite between a write that Azurite applied and the writer's re-read.
+#[derive(Clone, Copy, Debug)]
+enum Meanwhile {
+    /// Nothing: the lease is still the writer's.
+    Nothing,
+    /// An operator breaks the lease.
+    Break,
+    /// An operator breaks the lease and another candidate takes the blob's lease with this id
+    /// (it has not written its record yet).
+    BreakAndSeize(TermId),
+}
+
+/// The real store, except that the answer of the next write is lost after Azurite applied
+/// it, and `Meanwhile` happens on Azurite before the writer hears of it. Everything else is
+/// forwarded to the store.
+#[derive(Debug)]
+struct LosesAnswer {
+    store: AzureLeaseStore,
+    next: std::sync::Mutex<Option<Meanwhile>>,
+}
+
+impl LosesAnswer {
+    fn new(store: &AzureLeaseStore) -> Arc<Self> {
+        Arc::new(Self {
+            store: store.clone(),
+            next: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn lose_next_answer(&self, meanwhile: Meanwhile) {
+        *self.next.lock().unwrap() = Some(meanwhile);
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for LosesAnswer {
+    fn expiry_model(&self) -> ExpiryModel {
+        self.store.expiry_model()
+    }
+    fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
+        self.store.check_timing(timing)
+    }
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn read_for_term(&self, key: &LeaseKey, term: TermId) -> Result<Option<Stored>, Error> {
+        self.store.read_for_term(key, term).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let key = request.key.clone();
+        let outcome = self.store.write(request).await?;
+        let Some(meanwhile) = self.next.lock().unwrap().take() else {
+            return Ok(outcome);
+        };
+        assert!(
+            matches!(outcome, WriteOutcome::Written(_)),
+            "the write to lose must be applied: {outcome:?}"
+        );
+        match meanwhile {
+            Meanwhile::Nothing => {}
+            Meanwhile::Break => break_lease(&self.store, &key).await,
+            Meanwhile::BreakAndSeize(other) => {
+                break_lease(&self.store, &key).await;
+                seize_lease(&self.store, &key, other).await;
+            }
+        }
+        Err(Error::indeterminate(
+            "test: Azurite applied the write; the answer was lost",
+        ))
+    }
+}
+
+async fn seize_lease(store: &AzureLeaseStore, key: &LeaseKey, term: TermId) {
+    let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+    let options = BlobClientAcquireLeaseOptions {
+        proposed_lease_id: Some(term.to_guid()),
+        ..Default::default()
+    };
+    blob.acquire_lease(15, Some(options)).await.unwrap();
+}
+
+fn client_of(store: Arc<dyn LeaseBackend>, key: &LeaseKey, who: &str) -> LeaseClient {
+    LeaseClient::new(
+        store,
+        key.clone(),
+        HolderId::new(who).unwrap(),
+        Timing::from_ttl(TTL),
+    )
+    .unwrap()
+}
+
+/// Asserts that `c` does not hold a term, whatever `try_acquire` answered.
+async fn no_term(c: &mut LeaseClient, why: &str) {
+    match c.try_acquire().await {
+        Ok(Acquisition::Following { .. }) | Err(_) => {}
+        Ok(Acquisition::Acquired(g)) => panic!("{why}: reported a term {g:?}"),
+    }
+    assert!(c.grant().is_none(), "{why}: holds a grant");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_answer_with_the_lease_still_ours_is_a_term() {
+    // The positive control of the next tests: nothing happens between write and re-read.
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let lossy = LosesAnswer::new(&store);
+    let mut a = client_of(lossy.clone(), &key, "a");
+    lossy.lose_next_answer(Meanwhile::Nothing);
+    assert_eq!(acquired(&mut a).await, FencingToken(1));
+    let mut b = client(&store, &key, "b");
+    no_term(&mut b, "b while a holds the lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_then_an_operator_break_is_no_term() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let lossy = LosesAnswer::new(&store);
+    let mut a = client_of(lossy.clone(), &key, "a");
+    lossy.lose_next_answer(Meanwhile::Break);
+    no_term(&mut a, "a after an operator broke its lease").await;
+    // The lease is free: another candidate takes it at once, with a higher token.
+    let mut b = client(&store, &key, "b");
+    assert_eq!(acquired(&mut b).await, FencingToken(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_then_another_candidates_lease_is_no_term() {
+    // The blob still holds a's record (its nonce) and is leased, but by another term.
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let lossy = LosesAnswer::new(&store);
+    let mut a = client_of(lossy.clone(), &key, "a");
+    lossy.lose_next_answer(Meanwhile::BreakAndSeize(TermId(0xb0b)));
+    no_term(&mut a, "a while another term holds the blob's lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_renew_then_another_candidates_lease_ends_the_term() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let lossy = LosesAnswer::new(&store);
+    let mut a = client_of(lossy.clone(), &key, "a");
+    acquired(&mut a).await;
+    lossy.lose_next_answer(Meanwhile::BreakAndSeize(TermId(0xb0b)));
+    if let Ok(Renewal::Renewed(g)) = a.renew().await {
+        panic!("a renewed although its lease is another's: {g:?}");
+    }
+    assert!(a.grant().is_none(), "a still holds a grant");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A lease call whose answer is lost, through the fault proxy: Azurite applies it, the proxy
+// drops the response.
+
+async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) {
+    let upstream = authority(&h.endpoint).unwrap().to_owned();
+    let proxy = FaultProxy::start(&upstream, seed).await.unwrap();
+    let store = AzureLeaseStoreBuilder::emulator(format!("{}/devstoreaccount1", proxy.url()))
+        .with_container(&h.container)
+        .build()
+        .unwrap();
+    (proxy, store)
+}
+
+/// A key whose blob exists with a released record, so that an acquire starts with the lease
+/// call; returns its revision.
+async fn released_blob(store: &AzureLeaseStore, key: &LeaseKey) -> leader_core::Revision {
+    let mut c = client(store, key, "setup");
+    acquired(&mut c).await;
+    assert!(c.release().await.unwrap());
+    store.read(key).await.unwrap().unwrap().revision
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_call_whose_answer_is_lost_is_asked_again_with_the_same_lease_id() {
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let revision = released_blob(&direct, &key).await;
+    let (proxy, store) = through_proxy(&h, 1).await;
+    // The acquire's first request is the lease call: Azurite grants it, the answer is lost.
+    proxy.lose_responses(0, 1);
+    let outcome = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(revision),
+            raw_record("a", 2, 7),
+            WriteKind::Acquire,
+            TermId(0xa),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
+    let WriteOutcome::Written(written) = outcome else {
+        panic!("the acquire must recover the lease its lost call took: {outcome:?}")
+    };
+    // A proper term: the record is a's, held, and the blob's lease is a's.
+    let seen = direct
+        .read_for_term(&key, TermId(0xa))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen, written);
+    assert!(seen.record.is_held());
+    let mut b = client(&direct, &key, "b");
+    no_term(&mut b, "b while a holds the lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_whose_answer_is_lost_keeps_its_lease() {
+    // The lease call and the high-water mark's read and write are answered; the record is
+    // written, its answer lost. The store must not give back the lease of a written record:
+    // the core's re-read finds it as a held term.
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let revision = released_blob(&direct, &key).await;
+    let (proxy, store) = through_proxy(&h, 3).await;
+    proxy.lose_responses(3, 1);
+    let err = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(revision),
+            raw_record("a", 2, 7),
+            WriteKind::Acquire,
+            TermId(0xa),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
+    let seen = direct
+        .read_for_term(&key, TermId(0xa))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.record.nonce, WriteNonce(7));
+    assert!(
+        seen.record.is_held(),
+        "the written record lost its lease: {seen:?}"
+    );
+    let mut b = client(&direct, &key, "b");
+    no_term(&mut b, "b while a's written record holds the lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_call_that_never_gets_an_answer_leaves_no_lease_behind() {
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let revision = released_blob(&direct, &key).await;
+    let (proxy, store) = through_proxy(&h, 2).await;
+    // Every answer is lost, the release's too: Azurite applies them all.
+    proxy.set(ProxyFaults {
+        lose_response_fraction: 1.0,
+        ..ProxyFaults::default()
+    });
+    let err = store
+        .write(WriteRequest::new(
+            key.clone(),
+            Expected::Revision(revision),
+            raw_record("a", 2, 7),
+            WriteKind::Acquire,
+            TermId(0xa),
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    let lease_calls = proxy.counts().lost.load(Ordering::Relaxed);
+    assert!(
+        lease_calls >= 2,
+        "the lease call was asked again: {lease_calls} lost answers"
+    );
+    // Another candidate is not blocked until the lease of the lost calls expires (one ttl).
+    let started = Instant::now();
+    let mut b = client(&direct, &key, "b");
+    loop {
+        if let Acquisition::Acquired(g) = b.try_acquire().await.unwrap() {
+            eprintln!(
+                "MEASURED: b acquired {:?} after the failed acquire, token {}",
+                started.elapsed(),
+                g.token
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < TTL / 3,
+            "b is still blocked {:?} after the failed acquire: a stray lease",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(proxy);
 }

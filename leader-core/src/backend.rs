@@ -117,9 +117,10 @@ pub enum ExpiryModel {
 ///    an absent one.)
 /// 3. **Report an unknown outcome as [`Error::Indeterminate`].** If the write may have been
 ///    applied (a timeout after sending, a lost connection, a 5xx after the body was sent, an
-///    SDK retry that ended in a conflict), say so. The core then re-reads and recognises its
-///    own write by holder and [`nonce`](LeaseRecord::nonce). Any other error promises that
-///    nothing was written.
+///    SDK retry that ended in a conflict), say so. The core then re-reads with
+///    [`read_for_term`](LeaseBackend::read_for_term) and recognises its own write by holder
+///    and [`nonce`](LeaseRecord::nonce); a term only if that record is held. Any other error
+///    promises that nothing was written.
 /// 4. **Never retry a conditional write blindly**, and bound the SDK's own retries so that a
 ///    call does not outlive the core's request timeout (the core also cancels it at that
 ///    timeout; a cancelled write is indeterminate).
@@ -143,7 +144,9 @@ pub enum ExpiryModel {
 ///
 /// A backend whose store grants leases itself (Azure) returns
 /// [`ExpiryModel::EnforcedByStore`], maps [`WriteKind`] to its lease operations with
-/// [`WriteRequest::term`] as the lease id, and answers `Conflict` while another lease is live.
+/// [`WriteRequest::term`] as the lease id, answers `Conflict` while another lease is live, and
+/// implements [`read_for_term`](LeaseBackend::read_for_term) so that a lost response is
+/// recognised only while the server lease is still the term's.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync + fmt::Debug {
     /// Who decides that a lease has expired; see [`ExpiryModel`].
@@ -169,6 +172,37 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
     /// # Cancel safety
     /// Cancel-safe: a read changes nothing.
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error>;
+
+    /// Reads the record of `key` as the holder of `term` must see it to recognise one of its
+    /// own writes whose answer was lost.
+    ///
+    /// A store whose leases followers time ([`ExpiryModel::ObservedByFollowers`]) returns
+    /// what [`read`](Self::read) returns; that is the default. A store that enforces expiry
+    /// ([`ExpiryModel::EnforcedByStore`]) must report the record as
+    /// [`LeaseState::Released`](crate::LeaseState::Released) unless, at the instant of the
+    /// read, its server lease is active *and granted to `term`* (the lease id of the term's
+    /// acquire): a record can still carry our nonce after an operator broke our lease, or
+    /// while another candidate holds the new lease and has not yet written its record. The
+    /// default cannot ask a store about its leases, so for such a store it reports every
+    /// record as released: a lost answer is then never taken for a term (safe, but the term is
+    /// lost). The core uses the revision returned here only to compare it with revisions it
+    /// already holds, never as the condition of a write.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read changes nothing.
+    async fn read_for_term(&self, key: &LeaseKey, term: TermId) -> Result<Option<Stored>, Error> {
+        let _ = term;
+        let mut found = self.read(key).await?;
+        if self.expiry_model() == ExpiryModel::EnforcedByStore
+            && let Some(stored) = &mut found
+        {
+            stored.record.state = crate::model::LeaseState::Released;
+        }
+        Ok(found)
+    }
 
     /// Writes `request.record` if the record still matches `request.expected`.
     ///

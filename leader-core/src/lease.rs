@@ -238,6 +238,20 @@ impl LeaseClient {
         Ok(result)
     }
 
+    async fn read_for_term(&mut self, term: TermId) -> Result<Option<Stored>, Error> {
+        let limit = self.request_timeout();
+        let result = timeout(limit, self.backend.read_for_term(&self.key, term))
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "re-reading the lease record",
+                after: self.timing.request_timeout,
+            })??;
+        if let Some(stored) = &result {
+            self.note(stored);
+        }
+        Ok(result)
+    }
+
     /// Reads the record as a follower does, updating what this client has observed.
     ///
     /// # Errors
@@ -388,9 +402,13 @@ impl LeaseClient {
                 }
             },
             Ok(Err(e)) if e.kind() != crate::ErrorKind::Indeterminate => return Err(e),
-            Ok(Err(_)) | Err(_) => match self.resolve(nonce).await? {
-                Some(stored) => stored,
-                None => {
+            Ok(Err(_)) | Err(_) => match self.resolve(nonce, term).await? {
+                // Our write, and (on a store that enforces expiry) its lease is still ours.
+                Some(stored) if stored.record.is_held() => stored,
+                found => {
+                    if found.is_some() {
+                        warn!(key = %self.key, "our acquire landed, but the store no longer grants its lease; no term");
+                    }
                     return Ok(Acquisition::Following {
                         leader: None,
                         takeover_at: None,
@@ -420,11 +438,14 @@ impl LeaseClient {
         Ok(Acquisition::Acquired(grant))
     }
 
-    /// After a write with an unknown outcome: re-reads and returns the record if it is exactly
-    /// that write (`nonce`), `None` if it is anything else.
-    async fn resolve(&mut self, nonce: WriteNonce) -> Result<Option<Stored>, Error> {
+    /// After a write of `term` with an unknown outcome: re-reads as the term's holder
+    /// ([`LeaseBackend::read_for_term`]) and returns the record if it is exactly that write
+    /// (`nonce`), `None` if it is anything else. On a store that enforces expiry the record
+    /// reads as released unless the term still holds the server lease; a caller that wants a
+    /// term checks that it is held.
+    async fn resolve(&mut self, nonce: WriteNonce, term: TermId) -> Result<Option<Stored>, Error> {
         debug!(key = %self.key, "write outcome unknown; re-reading");
-        match self.read().await {
+        match self.read_for_term(term).await {
             Ok(Some(s)) if s.record.holder == self.holder && s.record.nonce == nonce => Ok(Some(s)),
             Ok(other) => {
                 if let Some(s) = &other {
@@ -489,7 +510,7 @@ impl LeaseClient {
             Ok(Ok(WriteOutcome::Conflict { current: Some(c) })) => (c, true),
             Ok(Ok(WriteOutcome::Conflict { current: None })) => {
                 // Our own earlier write with a lost response may be what changed the record.
-                match self.read_before(deadline).await? {
+                match self.read_before(deadline, held.term).await? {
                     Some(c) => (c, true),
                     None => return Ok(self.lost(None)),
                 }
@@ -500,7 +521,7 @@ impl LeaseClient {
                     self.end_term("deadline passed while renewing");
                     return Ok(Renewal::Expired);
                 }
-                match self.read_before(deadline).await? {
+                match self.read_before(deadline, held.term).await? {
                     Some(c) => (c, false),
                     None => return Ok(self.lost(None)),
                 }
@@ -512,7 +533,7 @@ impl LeaseClient {
             // the record is unchanged: a store that enforces expiry no longer grants us the
             // lease (it expired, or an operator broke it). Either way the term cannot go on
             // from this revision.
-            Some(_) if current.revision == held.stored.revision => {
+            Some(_) if current.revision == held.stored.revision && current.record.is_held() => {
                 if refused {
                     Ok(self.lost(None))
                 } else {
@@ -522,7 +543,8 @@ impl LeaseClient {
                     )))
                 }
             }
-            // An earlier renew of this term whose response was lost: it landed.
+            // An earlier renew of this term whose response was lost: it landed (and, on a
+            // store that enforces expiry, the term still holds the server lease).
             Some(own) if own.term == held.term && current.record.is_held() => {
                 Ok(self.renewed(held.term, current, own.sent))
             }
@@ -530,11 +552,17 @@ impl LeaseClient {
         }
     }
 
-    async fn read_before(&mut self, deadline: Instant) -> Result<Option<Stored>, Error> {
+    /// Re-reads as the holder of `term` ([`LeaseBackend::read_for_term`]) within the request
+    /// timeout and before `deadline`.
+    async fn read_before(
+        &mut self,
+        deadline: Instant,
+        term: TermId,
+    ) -> Result<Option<Stored>, Error> {
         let budget = self
             .request_timeout()
             .min(deadline.saturating_duration_since(Instant::now()));
-        match timeout(budget, self.backend.read(&self.key)).await {
+        match timeout(budget, self.backend.read_for_term(&self.key, term)).await {
             Ok(Ok(found)) => {
                 if let Some(s) = &found {
                     self.note(s);
@@ -631,7 +659,7 @@ impl LeaseClient {
                 current.is_some_and(|c| c.record.nonce == nonce && c.record.holder == self.holder)
             }
             Ok(Err(e)) if e.kind() != crate::ErrorKind::Indeterminate => return Err(e),
-            Ok(Err(_)) | Err(_) => self.resolve(nonce).await?.is_some(),
+            Ok(Err(_)) | Err(_) => self.resolve(nonce, held.term).await?.is_some(),
         };
         info!(key = %self.key, token = %held.stored.record.token, released, "released the lease");
         Ok(released)
