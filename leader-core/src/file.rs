@@ -717,6 +717,200 @@ impl FencedStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{HolderId, Metadata, TermId, WriteNonce};
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("job").unwrap()
+    }
+
+    fn request(expected: Expected, token: u64, kind: WriteKind) -> WriteRequest {
+        let record = LeaseRecord::held(
+            HolderId::new("a").unwrap(),
+            FencingToken(token),
+            Duration::from_secs(10),
+            Metadata::new(),
+            WriteNonce(token),
+        );
+        WriteRequest::new(key(), expected, record, kind, TermId(u128::from(token)))
+    }
+
+    fn written_token(outcome: WriteOutcome) -> FencingToken {
+        match outcome {
+            WriteOutcome::Written(stored) => stored.record.token,
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    /// Names of the temporary files left in `dir`.
+    fn leftovers(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect()
+    }
+
+    /// A crash between raising the mark and writing the record skips a token; it never lets
+    /// the next term reuse the one the crashed write carried.
+    #[test]
+    fn the_mark_is_durable_before_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = FileStore::open(dir.path()).unwrap();
+        let mut rng = Rng::seeded(1);
+        store.crash_after_high_water = true;
+        let err = store
+            .write_blocking(request(Expected::Absent, 5, WriteKind::Acquire), &mut rng)
+            .unwrap_err();
+        assert!(err.to_string().contains("simulated crash"), "{err}");
+        assert!(
+            !store.lease_path(&key()).exists(),
+            "the record was not written"
+        );
+        assert_eq!(
+            read_high_water(&key(), &store.high_water_path(&key())).unwrap(),
+            Some(FencingToken(5))
+        );
+        // Recovery: a candidate that never saw token 5 proposes 1 and gets 6.
+        store.crash_after_high_water = false;
+        let token = written_token(
+            store
+                .write_blocking(request(Expected::Absent, 1, WriteKind::Acquire), &mut rng)
+                .unwrap(),
+        );
+        assert_eq!(token, FencingToken(6));
+    }
+
+    #[test]
+    fn a_renew_keeps_its_token_and_never_lowers_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let mut rng = Rng::seeded(2);
+        let mark = store.high_water_path(&key());
+        fs::write(&mark, format!("{HIGH_WATER_HEADER}9\n")).unwrap();
+        let first = store
+            .write_blocking(request(Expected::Absent, 3, WriteKind::Acquire), &mut rng)
+            .unwrap();
+        let WriteOutcome::Written(first) = first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(first.record.token, FencingToken(10));
+        // A renew carrying a lower token (not what the core sends) is stored as given and
+        // leaves the mark where it was.
+        let renew = request(Expected::Revision(first.revision), 4, WriteKind::Renew);
+        assert_eq!(
+            written_token(store.write_blocking(renew, &mut rng).unwrap()),
+            FencingToken(4)
+        );
+        assert_eq!(
+            read_high_water(&key(), &mark).unwrap(),
+            Some(FencingToken(10))
+        );
+    }
+
+    #[test]
+    fn a_damaged_mark_is_reported_and_blocks_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let mark = store.high_water_path(&key());
+        fs::write(&mark, b"seven").unwrap();
+        let err = store
+            .write_blocking(
+                request(Expected::Absent, 1, WriteKind::Acquire),
+                &mut Rng::seeded(3),
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::MalformedRecord { .. }), "{err}");
+        assert!(err.to_string().contains("job.lease.high-water"), "{err}");
+        assert!(!store.lease_path(&key()).exists());
+        assert_eq!(fs::read(&mark).unwrap(), b"seven");
+    }
+
+    #[test]
+    fn a_mark_at_the_top_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let mark = store.high_water_path(&key());
+        fs::write(&mark, format!("{HIGH_WATER_HEADER}{}\n", u64::MAX)).unwrap();
+        let err = store
+            .write_blocking(
+                request(Expected::Absent, 1, WriteKind::Acquire),
+                &mut Rng::seeded(4),
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("u64::MAX"), "{err}");
+        assert!(!store.lease_path(&key()).exists());
+    }
+
+    /// Symlinks planted at the very names the next temporary files will get (the generator is
+    /// seeded here, so the test knows them) cannot redirect a write: each name is skipped, the
+    /// victim is untouched, and the planted links are left alone.
+    #[test]
+    fn symlinks_at_the_next_temporary_names_cannot_redirect_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let path = store.lease_path(&key());
+        let mut names = Rng::seeded(7);
+        let planted: Vec<PathBuf> = (0..TEMP_TRIES - 1)
+            .map(|_| {
+                dir.path()
+                    .join(format!(".job.lease.{:016x}.tmp", names.next_u64()))
+            })
+            .collect();
+        for p in &planted {
+            std::os::unix::fs::symlink(&victim, p).unwrap();
+        }
+        replace(&path, b"record", 0o600, &mut Rng::seeded(7)).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"record");
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        for p in &planted {
+            assert!(fs::symlink_metadata(p).unwrap().file_type().is_symlink());
+        }
+
+        // Every name taken: the write gives up with a clear error and changes nothing.
+        for p in &planted {
+            fs::remove_file(p).unwrap();
+        }
+        let mut names = Rng::seeded(8);
+        for _ in 0..TEMP_TRIES {
+            let p = dir
+                .path()
+                .join(format!(".job.lease.{:016x}.tmp", names.next_u64()));
+            std::os::unix::fs::symlink(&victim, p).unwrap();
+        }
+        let err = replace(&path, b"other", 0o600, &mut Rng::seeded(8)).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("planting"), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), b"record");
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The target is a folder that is not empty: the rename fails after the temporary file
+        // was written.
+        let target = dir.path().join("job.lease");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("inside"), b"x").unwrap();
+        let err = replace(&target, b"record", 0o600, &mut Rng::seeded(9)).unwrap_err();
+        assert!(!err.is_retryable(), "{err}");
+        assert!(
+            leftovers(dir.path()).is_empty(),
+            "{:?}",
+            leftovers(dir.path())
+        );
+        // And a successful one leaves none either.
+        let ok = dir.path().join("other.lease");
+        replace(&ok, b"record", 0o600, &mut Rng::seeded(9)).unwrap();
+        assert!(
+            leftovers(dir.path()).is_empty(),
+            "{:?}",
+            leftovers(dir.path())
+        );
+    }
 
     #[tokio::test]
     async fn missing_folder_is_a_clear_error() {
