@@ -419,13 +419,16 @@ fn revision_of(bytes: &[u8]) -> Revision {
 /// Flags for opening a file that may exist: never through a symlink, never blocking on a FIFO.
 const OPEN_EXISTING: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 
-/// Refuses anything but a regular file (a FIFO or socket planted in the folder). Folders are
-/// let through, so that reading one reports `EISDIR` as before.
-fn check_regular(file: &File, path: &Path) -> Result<(), Error> {
+/// Refuses anything but a regular file (a FIFO or socket planted in the folder). A folder is
+/// let through if `folder_ok` (reading it then fails with `EISDIR`), else refused like one.
+fn check_regular(file: &File, path: &Path, folder_ok: bool) -> Result<(), Error> {
     let what = path.display().to_string();
     let meta = file.metadata().map_err(|e| map_io(&what, e))?;
-    if meta.is_file() || meta.is_dir() {
+    if meta.is_file() || (folder_ok && meta.is_dir()) {
         return Ok(());
+    }
+    if meta.is_dir() {
+        return Err(map_io(&what, io::Error::from(io::ErrorKind::IsADirectory)));
     }
     Err(Error::InvalidConfig {
         message: format!(
@@ -453,7 +456,7 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, Error> {
         }
         Err(e) => return Err(map_io(&what, e)),
     };
-    check_regular(&file, path)?;
+    check_regular(&file, path, true)?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).map_err(|e| map_io(&what, e))?;
     Ok(Some(bytes))
@@ -521,7 +524,7 @@ fn open_lock(path: &Path, mode: u32) -> Result<File, Error> {
             .open(path)
         {
             Ok(file) => {
-                check_regular(&file, path)?;
+                check_regular(&file, path, false)?;
                 return Ok(file);
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),

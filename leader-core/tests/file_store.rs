@@ -154,6 +154,19 @@ async fn a_symlinked_lock_file_is_refused() {
 }
 
 #[tokio::test]
+async fn a_folder_at_the_lock_path_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path()).unwrap();
+    let lock = dir.path().join("job.lease.lock");
+    fs::create_dir(&lock).unwrap();
+    let err = acquire(&store, "a").await.unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(err.to_string().contains("is a folder"), "{err}");
+    assert!(err.to_string().contains("job.lease.lock"), "{err}");
+    assert!(!store.lease_path(&key()).exists(), "nothing was written");
+}
+
+#[tokio::test]
 async fn a_symlinked_high_water_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let victim = victim(dir.path());
@@ -279,7 +292,7 @@ fn modes_that_lock_out_the_owner_or_set_special_bits_are_refused() {
     for (file, folder) in [
         (0o400, 0o700),
         (0o4600, 0o700),
-        (0o1000_600, 0o700),
+        (0o10_0600, 0o700),
         (0o600, 0o600),
         (0o600, 0o1700),
     ] {
