@@ -77,7 +77,7 @@ pub use elector::{
 };
 pub use error::{BoxError, ConfigError, Error, ErrorKind};
 pub use fence::{FenceGate, StaleToken};
-pub use file::FileStore;
+pub use file::{FileStore, FileStoreBuilder};
 pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 pub use memory::MemoryStore;
 pub use model::{
