@@ -60,8 +60,9 @@ use crate::{ExpiryModel, FencingToken};
 pub enum NegativeControl {
     /// No bug: every candidate follows the rules.
     None,
-    /// Candidates act until their term is cancelled, ignoring the local deadline (so a
-    /// process resumed after a long pause acts before its elector has noticed).
+    /// Candidates go on acting for a ttl past their term's deadline, whatever the elector
+    /// says (work that trusts a cached term and checks neither the deadline nor the
+    /// cancellation).
     IgnoreDeadline,
     /// Candidate 0's clock runs at half speed, far beyond what `margin` covers.
     ExcessiveDrift,
@@ -644,6 +645,7 @@ async fn work(
     };
     let ignore_deadline = world.config.negative == NegativeControl::IgnoreDeadline;
     let request_timeout = world.config.timing.request_timeout;
+    let ttl = world.config.timing.ttl;
     loop {
         tokio::select! {
             biased;
@@ -674,7 +676,7 @@ async fn work(
         let mut resigning = false;
         loop {
             let acting = if ignore_deadline {
-                !belief.term.cancellation_token().is_cancelled()
+                Instant::now() < belief.term.deadline() + ttl
             } else {
                 belief.term.is_valid()
             };
@@ -689,7 +691,7 @@ async fn work(
             .await;
             tokio::select! {
                 biased;
-                _ = belief.term.cancelled() => break,
+                _ = belief.term.cancelled(), if !ignore_deadline => break,
                 Some(()) = resign.recv() => { resigning = true; break; }
                 _ = sleep(WORK_EVERY) => {}
             }
