@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leader_core::simulation::{NegativeControl, SimConfig, liveness_bound, run};
+use leader_core::simulation::{Event, NegativeControl, SimConfig, liveness_bound, run};
 
 fn usage() -> ExitCode {
     eprintln!(
@@ -68,6 +68,8 @@ struct Totals {
     late_lease: u64,
     late_fenced: u64,
     late_acquires: u64,
+    paused: u64,
+    paused_then_cut: u64,
     hashes: BTreeMap<u64, u64>,
 }
 
@@ -117,6 +119,14 @@ fn run_many(opts: &Options, negative: NegativeControl) -> (Totals, Duration) {
                     t.late_lease += late_lease as u64;
                     t.late_fenced += late_fenced as u64;
                     t.late_acquires += report.late_acquires() as u64;
+                    for w in report.events.windows(2) {
+                        if let Event::PausedInFlight { cand, .. } = w[0] {
+                            t.paused += 1;
+                            if matches!(w[1], Event::Partitioned { cand: c, .. } if c == cand) {
+                                t.paused_then_cut += 1;
+                            }
+                        }
+                    }
                     t.hashes.insert(seed, report.history_hash());
                     if !report.violations.is_empty() {
                         t.failed.push(seed);
@@ -142,7 +152,7 @@ fn run_many(opts: &Options, negative: NegativeControl) -> (Totals, Duration) {
 
 fn summary(opts: &Options, negative: NegativeControl, t: &Totals, elapsed: Duration) -> String {
     format!(
-        "seeds {}..{} negative={}: {} with violations {:?}, {} terms, {} gaps judged ({} starting healthy; {} longer than the ttl, {} of them starting healthy), longest gap {:?}, longest healthy stretch in a gap {:?}, late deliveries {} lease ({} of them acquires that began a term) + {} fenced, {:.1} s wall ({:.2} ms/seed, {} threads)",
+        "seeds {}..{} negative={}: {} with violations {:?}, {} terms, {} gaps judged ({} starting healthy; {} longer than the ttl, {} of them starting healthy), longest gap {:?}, longest healthy stretch in a gap {:?}, late deliveries {} lease ({} of them acquires that began a term) + {} fenced, {} pauses with an answer in flight ({} then cut off), {:.1} s wall ({:.2} ms/seed, {} threads)",
         opts.first,
         opts.first + opts.seeds,
         name(negative),
@@ -158,6 +168,8 @@ fn summary(opts: &Options, negative: NegativeControl, t: &Totals, elapsed: Durat
         t.late_lease,
         t.late_acquires,
         t.late_fenced,
+        t.paused,
+        t.paused_then_cut,
         elapsed.as_secs_f64(),
         elapsed.as_secs_f64() * 1000.0 / opts.seeds.max(1) as f64,
         opts.threads,

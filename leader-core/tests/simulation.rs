@@ -20,6 +20,8 @@ struct Outcome {
     /// began a term in the store that its sender had given up on.
     late_acquires_applied: usize,
     paused_in_flight: usize,
+    /// Of those, pauses followed by a partition as the process resumes.
+    paused_then_cut: usize,
     gaps: usize,
     healthy_start_gaps: usize,
 }
@@ -37,6 +39,17 @@ fn outcome(r: &Report) -> Outcome {
             .events
             .iter()
             .filter(|e| matches!(e, Event::PausedInFlight { .. }))
+            .count(),
+        paused_then_cut: r
+            .events
+            .windows(2)
+            .filter(|w| {
+                matches!(
+                    (&w[0], &w[1]),
+                    (Event::PausedInFlight { cand: a, .. }, Event::Partitioned { cand: b, .. })
+                        if a == b
+                )
+            })
             .count(),
         gaps: r.gaps.len(),
         healthy_start_gaps: r.gaps.iter().filter(|g| g.healthy_start).count(),
@@ -101,6 +114,10 @@ fn a_thousand_seeds_keep_every_invariant() {
         sum(|o| o.late_acquires_applied)
     );
     assert!(sum(|o| o.paused_in_flight) > 500, "pauses in flight");
+    assert!(
+        sum(|o| o.paused_then_cut) > 200,
+        "pauses in flight, then cut off"
+    );
     // Every gap is judged; most start with a healthy store.
     assert!(sum(|o| o.healthy_start_gaps) * 10 > sum(|o| o.gaps) * 7);
 }

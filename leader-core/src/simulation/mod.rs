@@ -504,6 +504,7 @@ fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Running> {
         world: world.clone(),
         cand,
         gate: gate.clone(),
+        control: control.clone(),
         pause: Mutex::new(None),
     });
     let resource = Arc::new(
@@ -711,18 +712,46 @@ async fn work(
 /// armed to freeze the process once its next write has been applied and answered, before
 /// it reads the answer (a GC pause or SIGSTOP with a response in flight). On resuming, the
 /// process reads that answer, however late: the deadline of the term it grants must count
-/// from when the write was sent.
+/// from when the write was sent. The pause may be followed by a partition: the process
+/// resumes, reads the answer, and then cannot reach the store.
 struct Process {
     store: FaultyStore<Recorder>,
     world: Arc<World>,
     cand: Cand,
     gate: Arc<Gate>,
-    pause: Mutex<Option<Duration>>,
+    /// The candidate's own faults (its partitions).
+    control: Arc<FaultControl>,
+    pause: Mutex<Option<Pause>>,
+}
+
+#[derive(Clone, Copy)]
+struct Pause {
+    /// How long the process stays frozen.
+    frozen: Duration,
+    /// How long it is partitioned after it resumes.
+    then_cut: Option<Duration>,
 }
 
 impl Process {
-    fn arm(&self, d: Duration) {
-        *lock(&self.pause) = Some(d);
+    fn arm(&self, pause: Pause) {
+        *lock(&self.pause) = Some(pause);
+    }
+
+    /// Cuts the process off the store from now until `d` after it resumes from a pause of
+    /// `frozen` (it sends nothing while frozen anyway).
+    fn cut(&self, frozen: Duration, d: Duration) {
+        let (at, until) = (self.world.now(), self.world.now() + frozen + d);
+        self.control.update(|f| f.down = true);
+        self.world.log(Event::Partitioned {
+            cand: self.cand,
+            at,
+            until,
+        });
+        let control = self.control.clone();
+        tokio::spawn(async move {
+            sleep(frozen + d).await;
+            control.set(Faults::default());
+        });
     }
 }
 
@@ -752,9 +781,12 @@ impl LeaseBackend for Process {
             Ok(WriteOutcome::Written(_)) => lock(&self.pause).take(),
             _ => None,
         };
-        if let Some(d) = pause
-            && freeze(&self.world, self.cand, &self.gate, d, true)
+        if let Some(pause) = pause
+            && freeze(&self.world, self.cand, &self.gate, pause.frozen, true)
         {
+            if let Some(d) = pause.then_cut {
+                self.cut(pause.frozen, d);
+            }
             // Give up the thread: the gate keeps the process from running until it thaws,
             // and only then does it read the answer.
             tokio::task::yield_now().await;
@@ -884,11 +916,14 @@ enum Action {
     PauseLeaderInFlight(Duration),
     /// Pause a follower once its next write (an acquire) has been answered.
     PauseFollowerInFlight(Duration),
+    /// Pause the leader briefly once its next renew has been answered (it resumes before
+    /// its previous deadline), then cut it off the store.
+    PauseLeaderThenCut(Duration, Duration),
 }
 
 fn pick_action(rng: &mut Rng, ttl: Duration) -> Action {
     let d = |rng: &mut Rng, lo: f64, hi: f64| rng.duration(ttl.mul_f64(lo), ttl.mul_f64(hi));
-    match rng.range_u64(0, 14) {
+    match rng.range_u64(0, 15) {
         0..=2 => Action::FreezeLeader(d(rng, 1.2, 3.0)),
         3 => Action::FreezeAnyone(d(rng, 0.2, 2.0)),
         4 | 5 => Action::CrashLeader(d(rng, 0.2, 1.5)),
@@ -900,7 +935,11 @@ fn pick_action(rng: &mut Rng, ttl: Duration) -> Action {
         9 | 10 => Action::Storm(d(rng, 0.5, 3.0)),
         11 => Action::ResignLeader,
         12 => Action::PauseLeaderInFlight(d(rng, 1.2, 3.0)),
-        _ => Action::PauseFollowerInFlight(d(rng, 1.2, 3.0)),
+        13 | 14 => Action::PauseFollowerInFlight(d(rng, 1.2, 3.0)),
+        _ => {
+            let pause = d(rng, 0.22, 0.45);
+            Action::PauseLeaderThenCut(pause, d(rng, 1.0, 2.0))
+        }
     }
 }
 
@@ -982,7 +1021,20 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
                 if let Some(r) = target.and_then(|t| running.get(&t))
                     && !r.gate.is_frozen()
                 {
-                    r.process.arm(d);
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: None,
+                    });
+                }
+            }
+            Action::PauseLeaderThenCut(d, cut) => {
+                if let Some(r) = leader.and_then(|t| running.get(&t))
+                    && !r.gate.is_frozen()
+                {
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: Some(cut),
+                    });
                 }
             }
             Action::PauseFollowerInFlight(d) => {
@@ -993,7 +1045,10 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
                     .collect();
                 let i = rng.range_u64(0, followers.len().saturating_sub(1) as u64) as usize;
                 if let Some(r) = followers.get(i) {
-                    r.process.arm(d);
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: None,
+                    });
                 }
             }
             Action::CrashLeader(restart_after) => {
