@@ -5,12 +5,59 @@
 use std::time::Duration;
 
 use leader_core::simulation::{
-    Event, NegativeControl, SimConfig, check_fencing, check_liveness, check_one_leader,
-    check_tokens, run,
+    Event, NegativeControl, Report, SimConfig, check_fencing, check_liveness, check_one_leader,
+    check_tokens, liveness_bound, run,
 };
 
-/// Runs `seeds` seeds from `first` on two threads; returns the failing seeds with details.
-fn run_seeds(first: u64, seeds: u64, negative: NegativeControl) -> Vec<(u64, String)> {
+/// What one seed gave, kept small.
+struct Outcome {
+    seed: u64,
+    violations: String,
+    checkers: Vec<&'static str>,
+    late_lease: usize,
+    late_fenced: usize,
+    /// Acquires that the store applied after their sender had timed out (and re-read): each
+    /// began a term in the store that its sender had given up on.
+    late_acquires_applied: usize,
+    paused_in_flight: usize,
+    /// Of those, pauses followed by a partition as the process resumes.
+    paused_then_cut: usize,
+    gaps: usize,
+    healthy_start_gaps: usize,
+}
+
+fn outcome(r: &Report) -> Outcome {
+    let (late_lease, late_fenced) = r.late_writes();
+    Outcome {
+        seed: r.seed,
+        violations: format!("{:?}", r.violations),
+        checkers: r.violations.iter().map(|v| v.checker).collect(),
+        late_lease,
+        late_fenced,
+        late_acquires_applied: r.late_acquires(),
+        paused_in_flight: r
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::PausedInFlight { .. }))
+            .count(),
+        paused_then_cut: r
+            .events
+            .windows(2)
+            .filter(|w| {
+                matches!(
+                    (&w[0], &w[1]),
+                    (Event::PausedInFlight { cand: a, .. }, Event::Partitioned { cand: b, .. })
+                        if a == b
+                )
+            })
+            .count(),
+        gaps: r.gaps.len(),
+        healthy_start_gaps: r.gaps.iter().filter(|g| g.healthy_start).count(),
+    }
+}
+
+/// Runs `seeds` seeds from `first` on two threads.
+fn run_seeds(first: u64, seeds: u64, negative: NegativeControl) -> Vec<Outcome> {
     let half = seeds / 2;
     let ranges = [(first, first + half), (first + half, first + seeds)];
     let threads: Vec<_> = ranges
@@ -18,10 +65,10 @@ fn run_seeds(first: u64, seeds: u64, negative: NegativeControl) -> Vec<(u64, Str
         .map(|(a, b)| {
             std::thread::spawn(move || {
                 (a..b)
-                    .filter_map(|seed| {
+                    .map(|seed| {
                         let r = run(&SimConfig::new(seed).with_negative(negative));
                         assert!(r.terms > 0, "seed {seed}: no term at all");
-                        (!r.violations.is_empty()).then(|| (seed, format!("{:?}", r.violations)))
+                        outcome(&r)
                     })
                     .collect::<Vec<_>>()
             })
@@ -33,84 +80,104 @@ fn run_seeds(first: u64, seeds: u64, negative: NegativeControl) -> Vec<(u64, Str
         .collect()
 }
 
+fn caught<'a>(outcomes: &'a [Outcome], checker: &str) -> Vec<&'a Outcome> {
+    outcomes
+        .iter()
+        .filter(|o| o.checkers.contains(&checker))
+        .collect()
+}
+
 #[test]
 fn a_thousand_seeds_keep_every_invariant() {
-    let failed = run_seeds(0, 1000, NegativeControl::None);
+    let outcomes = run_seeds(0, 1000, NegativeControl::None);
+    let failed: Vec<(u64, &str)> = outcomes
+        .iter()
+        .filter(|o| !o.checkers.is_empty())
+        .map(|o| (o.seed, o.violations.as_str()))
+        .collect();
     assert!(
         failed.is_empty(),
         "{} seeds broke invariants; replay with `cargo run -p leader-core --features simulation --example simulate -- --seed N --verbose`: {:?}",
         failed.len(),
         &failed[..failed.len().min(5)]
     );
+    // The faults that make the checkers able to fail did happen.
+    let sum = |f: fn(&Outcome) -> usize| outcomes.iter().map(f).sum::<usize>();
+    assert!(sum(|o| o.late_lease) > 1000, "lease writes delivered late");
+    assert!(
+        sum(|o| o.late_fenced) > 5000,
+        "fenced writes delivered late"
+    );
+    assert!(
+        sum(|o| o.late_acquires_applied) > 20,
+        "late acquires that landed after their sender re-read: {}",
+        sum(|o| o.late_acquires_applied)
+    );
+    assert!(sum(|o| o.paused_in_flight) > 500, "pauses in flight");
+    assert!(
+        sum(|o| o.paused_then_cut) > 200,
+        "pauses in flight, then cut off"
+    );
+    // Every gap is judged; most start with a healthy store.
+    assert!(sum(|o| o.healthy_start_gaps) * 10 > sum(|o| o.gaps) * 7);
 }
 
 #[test]
 fn a_candidate_that_ignores_its_deadline_is_caught() {
-    let failed = run_seeds(0, 60, NegativeControl::IgnoreDeadline);
-    assert!(
-        failed.len() >= 30,
-        "only {} of 60 seeds caught it",
-        failed.len()
-    );
-    assert!(failed.iter().any(|(_, v)| v.contains("one_leader")));
+    let outcomes = run_seeds(0, 60, NegativeControl::IgnoreDeadline);
+    let n = caught(&outcomes, "one_leader").len();
+    assert!(n >= 30, "only {n} of 60 seeds caught it");
 }
 
 #[test]
 fn clock_drift_beyond_the_margin_is_caught() {
-    let failed = run_seeds(0, 60, NegativeControl::ExcessiveDrift);
-    assert!(
-        failed.len() >= 15,
-        "only {} of 60 seeds caught it",
-        failed.len()
-    );
+    let outcomes = run_seeds(0, 60, NegativeControl::ExcessiveDrift);
+    let n = outcomes.iter().filter(|o| !o.checkers.is_empty()).count();
+    assert!(n >= 15, "only {n} of 60 seeds caught it");
 }
 
+/// The fencing checker can fail: a resource that ignores tokens accepts a deposed leader's
+/// write that arrives late, after its successor's.
+#[test]
+fn a_resource_that_ignores_tokens_is_caught() {
+    let outcomes = run_seeds(0, 60, NegativeControl::UnfencedResource);
+    let n = caught(&outcomes, "fencing").len();
+    assert!(n >= 15, "only {n} of 60 seeds caught it");
+    // The bug is in the resource alone: the candidates still keep one leader at a time.
+    assert!(caught(&outcomes, "one_leader").is_empty());
+}
+
+/// The liveness checker can fail: followers that poll too rarely take over too late.
+#[test]
+fn followers_that_poll_too_rarely_are_caught() {
+    let outcomes = run_seeds(0, 60, NegativeControl::LazyFollowers);
+    let n = caught(&outcomes, "liveness").len();
+    assert!(n >= 5, "only {n} of 60 seeds caught it");
+    assert!(caught(&outcomes, "one_leader").is_empty());
+}
+
+/// Event for event: two runs of a seed give the same history, in the same order. (tokio's
+/// runtimes seed their own generators from the OS, so two runs in one process differ in
+/// whatever that generator decides; the simulation must not let it decide anything.)
 #[test]
 fn the_same_seed_plays_the_same_history() {
-    for seed in [3, 77, 1234] {
-        let a = run(&SimConfig::new(seed));
-        let b = run(&SimConfig::new(seed));
+    let seeds: Vec<u64> = (0..20).chain([77, 1234]).collect();
+    let first: Vec<Report> = seeds.iter().map(|&s| run(&SimConfig::new(s))).collect();
+    let second = std::thread::spawn(move || {
+        seeds
+            .iter()
+            .map(|&s| run(&SimConfig::new(s)))
+            .collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    for (a, b) in first.iter().zip(&second) {
         assert!(a.events.len() > 100);
-        assert_eq!(
-            canonical(&a.events),
-            canonical(&b.events),
-            "seed {seed} is not deterministic"
-        );
+        assert_eq!(a.events, b.events, "seed {} is not deterministic", a.seed);
+        assert_eq!(a.history_hash(), b.history_hash());
         assert_eq!(a.violations, b.violations);
     }
-    assert_ne!(
-        canonical(&run(&SimConfig::new(1)).events),
-        canonical(&run(&SimConfig::new(2)).events)
-    );
-}
-
-/// The history up to the order of events logged at the same instant by different tasks
-/// (tokio's watch channel wakes its waiters in a random order, which only reorders the
-/// outside observer's entries within one instant).
-fn canonical(events: &[Event]) -> Vec<String> {
-    let mut v: Vec<(Duration, String)> = events
-        .iter()
-        .map(|e| {
-            let at = match *e {
-                Event::Started { at, .. }
-                | Event::TermStarted { at, .. }
-                | Event::TermEnded { at, .. }
-                | Event::Write { at, .. }
-                | Event::Crashed { at, .. }
-                | Event::Frozen { at, .. }
-                | Event::Partitioned { at, .. }
-                | Event::Outage { at, .. }
-                | Event::Storm { at, .. }
-                | Event::Resigned { at, .. }
-                | Event::Granted { at, .. }
-                | Event::Revoked { at, .. }
-                | Event::Applied { at, .. } => at,
-            };
-            (at, format!("{e:?}"))
-        })
-        .collect();
-    v.sort();
-    v.into_iter().map(|(_, s)| s).collect()
+    assert_ne!(first[1].history_hash(), first[2].history_hash());
 }
 
 fn ms(n: u64) -> Duration {
@@ -223,11 +290,20 @@ fn checker_fencing_flags_a_lower_accepted_token() {
 }
 
 #[test]
-fn checker_liveness_flags_a_long_gap_only_when_the_store_was_healthy() {
+fn checker_liveness_judges_healthy_stretches() {
     let config = SimConfig::new(0);
+    // (ttl 2 s + retry 0.4 s + 2 x 0.2 s + 4 x 10 ms) x 1.02 + 50 ms
+    let bound = liveness_bound(&config);
+    assert!(bound > ms(2_946) && bound < ms(2_947), "{bound:?}");
+    // Two candidates; cand 0 leads until 10 s, cand 1 only from 20 s.
     let base = [
         Event::Started { cand: 0, at: ms(0) },
         Event::Started { cand: 1, at: ms(0) },
+        Event::Applied {
+            cand: 0,
+            token: 1,
+            at: ms(5),
+        },
         Event::Granted {
             cand: 0,
             token: 1,
@@ -259,13 +335,67 @@ fn checker_liveness_flags_a_long_gap_only_when_the_store_was_healthy() {
             at: ms(20_000),
         },
     ];
-    let (_, v) = check_liveness(&config, &base);
+    let judge = |extra: &[Event]| {
+        let mut h = base.to_vec();
+        h.extend_from_slice(extra);
+        check_liveness(&config, &h)
+    };
+    let (gaps, v) = judge(&[]);
     assert_eq!(v.len(), 1, "{v:?}");
-    let mut with_outage = base.to_vec();
-    with_outage.push(Event::Outage {
+    // The run starts with a gap of 5 ms (to the store's applying cand 0's acquire).
+    assert_eq!(gaps.len(), 2, "{gaps:?}");
+    assert_eq!(gaps[0].len(), ms(5));
+    assert!(gaps.iter().all(|g| g.healthy_start));
+    assert_eq!(gaps[1].len(), ms(10_000));
+    // An outage over most of the gap leaves a healthy second: fine.
+    let outage = Event::Outage {
         at: ms(9_000),
         until: ms(19_000),
-    });
-    let (_, v) = check_liveness(&config, &with_outage);
+    };
+    let (gaps, v) = judge(std::slice::from_ref(&outage));
+    assert!(v.is_empty(), "{v:?}");
+    assert!(!gaps[1].healthy_start);
+    assert_eq!(gaps[1].longest_healthy, ms(1_000));
+    // An outage in the middle leaves 4 s healthy on either side: too long.
+    let (_, v) = judge(&[Event::Outage {
+        at: ms(14_000),
+        until: ms(16_000),
+    }]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    // Both candidates unable in turn: neither is able for a long stretch.
+    let (_, v) = judge(&[
+        Event::Frozen {
+            cand: 1,
+            at: ms(10_000),
+            until: ms(19_000),
+        },
+        Event::Partitioned {
+            cand: 0,
+            at: ms(12_000),
+            until: ms(20_000),
+        },
+    ]);
+    assert!(v.is_empty(), "{v:?}");
+    // A lease write held by the store makes it unhealthy; a held fenced write does not.
+    let held = |fenced| Event::Held {
+        cand: 1,
+        at: ms(11_000),
+        until: ms(18_000),
+        fenced,
+    };
+    assert!(judge(&[held(false)]).1.is_empty());
+    assert_eq!(judge(&[held(true)]).1.len(), 1);
+    // A crashed candidate is not able.
+    let (_, v) = judge(&[
+        Event::Crashed {
+            cand: 0,
+            at: ms(10_000),
+        },
+        Event::Frozen {
+            cand: 1,
+            at: ms(11_000),
+            until: ms(19_000),
+        },
+    ]);
     assert!(v.is_empty(), "{v:?}");
 }

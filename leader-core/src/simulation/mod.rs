@@ -1,51 +1,87 @@
 //! Deterministic simulation: several candidates on a fault-injecting in-memory store, with
-//! frozen processes, crashes, partitions, outages and clock drift, under paused tokio time.
+//! frozen processes, crashes, partitions, outages, storms, writes delivered late and clock
+//! drift, under paused tokio time.
 //!
 //! [`run`] plays one seed on a fresh current-thread runtime with paused time and returns the
-//! history of what every candidate did and believed, checked by four independent checkers:
+//! history of what every candidate did and believed, and what the store and the protected
+//! resource applied, checked by four independent checkers:
 //! 1. [`check_one_leader`]: no two candidates believe they lead at the same instant;
 //! 2. [`check_tokens`]: terms' tokens strictly increase and none is issued twice;
-//! 3. [`check_fencing`]: the fenced resource never accepts a token below one it accepted;
-//! 4. [`check_liveness`]: with the store healthy, a new leader appears within
-//!    `ttl + retry_every` (plus requests) of the previous term ending.
+//! 3. [`check_fencing`]: the fenced resource never accepts a token below one it accepted
+//!    (fenced writes travel through the fault store, with latency, and some arrive late);
+//! 4. [`check_liveness`]: no gap without a leader holds a healthy stretch longer than
+//!    [`liveness_bound`].
 //!
-//! The same seed gives the same history. A [`NegativeControl`] plants a known bug (a
-//! candidate that ignores its deadline, or a clock drifting beyond what `margin` covers) so
-//! that a test can show the checkers catch it.
+//! # Determinism
+//! The same seed plays the same history, event for event ([`Report::history_hash`]): every
+//! random choice comes from generators seeded by the seed; time is tokio's paused clock; one
+//! thread runs everything; the elector's `select!`s are `biased`. The one source of randomness
+//! left in tokio is the order in which a `watch` channel wakes several waiters (it files each
+//! in one of eight lists, chosen by the runtime's generator, which is seeded from the OS and
+//! cannot be seeded without `tokio_unstable`). So the simulation never has two tasks waiting
+//! on one candidate's `Leadership` channel: the observer waits on it and hands each new term
+//! to the worker through a `Notify`; the worker then takes the term with `wait_for_term`
+//! without waiting (the term is there).
+//!
+//! A [`NegativeControl`] plants a known bug so that a test can show the checkers catch it.
 
+mod check;
 mod faults;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
-pub use faults::{FaultControl, Faults, FaultyStore};
+pub use check::{
+    Gap, Span, check_fencing, check_liveness, check_one_leader, check_tokens, liveness_bound, spans,
+};
+pub use faults::{FaultControl, Faults, FaultyStore, Late};
 
-use crate::backend::FencedStore;
+use crate::backend::{
+    Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
+};
 use crate::config::Timing;
-use crate::elector::{Elector, ElectorHandle};
+use crate::elector::{Elector, ElectorHandle, Leadership, Term};
+use crate::error::{ConfigError, Error};
 use crate::memory::MemoryStore;
 use crate::model::{HolderId, LeaseKey, ObjectName};
 use crate::rand::Rng;
+use crate::{ExpiryModel, FencingToken};
 
 /// A deliberate bug, to show that the checkers catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NegativeControl {
     /// No bug: every candidate follows the rules.
     None,
-    /// Candidates act until their term is cancelled, ignoring the local deadline (so a
-    /// process resumed after a long pause acts before its elector has noticed).
+    /// Candidates go on acting for a ttl past their term's deadline, whatever the elector
+    /// says (work that trusts a cached term and checks neither the deadline nor the
+    /// cancellation).
     IgnoreDeadline,
     /// Candidate 0's clock runs at half speed, far beyond what `margin` covers.
     ExcessiveDrift,
+    /// The protected resource ignores fencing tokens: it accepts every write that reaches
+    /// it, so a deposed leader's write that arrives late overwrites its successor's.
+    UnfencedResource,
+    /// Followers poll every `2 x ttl` instead of `retry_every`: leadership is taken over
+    /// late.
+    LazyFollowers,
+}
+
+impl NegativeControl {
+    /// Every planted bug.
+    pub const ALL: [NegativeControl; 4] = [
+        NegativeControl::IgnoreDeadline,
+        NegativeControl::ExcessiveDrift,
+        NegativeControl::UnfencedResource,
+        NegativeControl::LazyFollowers,
+    ];
 }
 
 /// What to simulate.
@@ -64,13 +100,22 @@ pub struct SimConfig {
     pub max_drift: f64,
     /// Latency of a healthy store (uniform up to this, each way).
     pub base_latency: Duration,
+    /// Probability that a lease write is delivered late (see [`Faults::late`]); twice that
+    /// in a storm.
+    pub late_writes: f64,
+    /// Probability that a fenced write is delivered late.
+    pub late_fenced_writes: f64,
+    /// Late writes are held for a time uniform in this range (the low end above the request
+    /// timeout plus a re-read).
+    pub hold: (Duration, Duration),
     /// A planted bug, or none.
     pub negative: NegativeControl,
 }
 
 impl SimConfig {
-    /// Three candidates for 60 simulated seconds with a 2 s ttl, 1 % drift and up to 10 ms
-    /// latency each way.
+    /// Three candidates for 60 simulated seconds with a 2 s ttl, 1 % drift, up to 10 ms
+    /// latency each way, 3 % of lease writes and 10 % of fenced writes delivered 0.5 s to 3 s
+    /// late.
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
@@ -79,6 +124,9 @@ impl SimConfig {
             timing: Timing::from_ttl(Duration::from_secs(2)),
             max_drift: 0.01,
             base_latency: Duration::from_millis(10),
+            late_writes: 0.03,
+            late_fenced_writes: 0.1,
+            hold: (Duration::from_millis(500), Duration::from_secs(3)),
             negative: NegativeControl::None,
         }
     }
@@ -112,6 +160,7 @@ pub enum Event {
         token: u64,
         at: Duration,
     },
+    /// The protected resource decided on a fenced write from `cand` as it reached it.
     Write {
         cand: Cand,
         token: u64,
@@ -123,6 +172,13 @@ pub enum Event {
         at: Duration,
     },
     Frozen {
+        cand: Cand,
+        at: Duration,
+        until: Duration,
+    },
+    /// The process was paused after the store applied its write and answered, before it read
+    /// the answer (which it reads when it resumes).
+    PausedInFlight {
         cand: Cand,
         at: Duration,
         until: Duration,
@@ -139,6 +195,19 @@ pub enum Event {
     Storm {
         at: Duration,
         until: Duration,
+    },
+    /// The store holds a write of `cand` and applies it at `until` (the sender times out).
+    Held {
+        cand: Cand,
+        at: Duration,
+        until: Duration,
+        fenced: bool,
+    },
+    /// The store applies a write it held (what follows in the log is what it did).
+    Delivered {
+        cand: Cand,
+        at: Duration,
+        fenced: bool,
     },
     Resigned {
         cand: Cand,
@@ -180,14 +249,61 @@ pub struct Violation {
 pub struct Report {
     /// The seed.
     pub seed: u64,
-    /// Everything that happened.
+    /// Everything that happened, in the order it happened.
     pub events: Vec<Event>,
     /// What the checkers found (empty if all invariants held).
     pub violations: Vec<Violation>,
     /// How many terms began.
     pub terms: usize,
-    /// The gaps without a leader that the liveness checker judged, longest first.
-    pub judged_gaps: Vec<Duration>,
+    /// Every gap without a leader, each judged by the liveness checker.
+    pub gaps: Vec<Gap>,
+}
+
+impl Report {
+    /// A hash of the whole history (every event, in order): equal for two runs of one seed.
+    pub fn history_hash(&self) -> u64 {
+        history_hash(&self.events)
+    }
+
+    /// How many writes were delivered late (lease writes, fenced writes).
+    pub fn late_writes(&self) -> (usize, usize) {
+        let count = |f: bool| {
+            self.events
+                .iter()
+                .filter(|e| matches!(e, Event::Held { fenced, .. } if *fenced == f))
+                .count()
+        };
+        (count(false), count(true))
+    }
+
+    /// How many terms began in the store with an acquire delivered late, after its sender
+    /// had timed out and re-read.
+    pub fn late_acquires(&self) -> usize {
+        self.events
+            .windows(2)
+            .filter(|w| {
+                matches!(
+                    (&w[0], &w[1]),
+                    (
+                        Event::Delivered { cand: a, fenced: false, .. },
+                        Event::Applied { cand: b, .. },
+                    ) if a == b
+                )
+            })
+            .count()
+    }
+}
+
+/// FNV-1a over the events' debug forms: stable across runs and processes.
+pub fn history_hash(events: &[Event]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for e in events {
+        for b in format!("{e:?}\n").bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// Plays one seed and checks its history.
@@ -207,7 +323,7 @@ pub fn run(config: &SimConfig) -> Report {
                     detail: e.to_string(),
                 }],
                 terms: 0,
-                judged_gaps: Vec::new(),
+                gaps: Vec::new(),
             };
         }
     };
@@ -225,7 +341,7 @@ pub fn run(config: &SimConfig) -> Report {
             .count(),
         events,
         violations,
-        judged_gaps: gaps,
+        gaps,
     }
 }
 
@@ -233,7 +349,10 @@ struct World {
     start: Instant,
     events: Mutex<Vec<Event>>,
     store: MemoryStore,
+    /// Store-wide faults of lease requests and fenced writes (outages, storms, late writes).
     global: Arc<FaultControl>,
+    /// Store-wide faults of fenced writes only (their own rate of late delivery).
+    resource: Arc<FaultControl>,
     leaders: Mutex<BTreeMap<Cand, u64>>,
     config: SimConfig,
 }
@@ -241,6 +360,10 @@ struct World {
 impl World {
     fn now(&self) -> Duration {
         Instant::now() - self.start
+    }
+
+    fn since_start(&self, t: Instant) -> Duration {
+        t.saturating_duration_since(self.start)
     }
 
     fn log(&self, e: Event) {
@@ -256,18 +379,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// still run out, and they see that when thawed.
 #[derive(Default)]
 struct Gate {
-    frozen: AtomicBool,
-    wakers: Mutex<Vec<Waker>>,
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    frozen: bool,
+    /// Counts freezes, so that the thaw of an earlier freeze does not end a later one.
+    generation: u64,
+    wakers: Vec<Waker>,
 }
 
 impl Gate {
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
+    fn is_frozen(&self) -> bool {
+        lock(&self.state).frozen
     }
 
-    fn thaw(&self) {
-        self.frozen.store(false, Ordering::SeqCst);
-        for w in lock(&self.wakers).drain(..) {
+    /// Freezes the group unless it is frozen already; returns the freeze's generation.
+    fn freeze(&self) -> Option<u64> {
+        let mut s = lock(&self.state);
+        if s.frozen {
+            return None;
+        }
+        s.frozen = true;
+        s.generation += 1;
+        Some(s.generation)
+    }
+
+    fn thaw(&self, generation: u64) {
+        let wakers = {
+            let mut s = lock(&self.state);
+            if !s.frozen || s.generation != generation {
+                return;
+            }
+            s.frozen = false;
+            std::mem::take(&mut s.wakers)
+        };
+        for w in wakers {
             w.wake();
         }
     }
@@ -281,20 +429,43 @@ struct Freezable {
 impl Future for Freezable {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.gate.frozen.load(Ordering::SeqCst) {
-            let mut wakers = lock(&self.gate.wakers);
-            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                wakers.push(cx.waker().clone());
+        {
+            let mut s = lock(&self.gate.state);
+            if s.frozen {
+                if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    s.wakers.push(cx.waker().clone());
+                }
+                return Poll::Pending;
             }
-            return Poll::Pending;
         }
         self.inner.as_mut().poll(cx)
     }
 }
 
+/// Freezes `cand`'s process for `d` (unless it is frozen already) and logs it; returns
+/// whether it froze.
+fn freeze(world: &Arc<World>, cand: Cand, gate: &Arc<Gate>, d: Duration, in_flight: bool) -> bool {
+    let Some(generation) = gate.freeze() else {
+        return false;
+    };
+    let (at, until) = (world.now(), world.now() + d);
+    world.log(if in_flight {
+        Event::PausedInFlight { cand, at, until }
+    } else {
+        Event::Frozen { cand, at, until }
+    });
+    let gate = gate.clone();
+    tokio::spawn(async move {
+        sleep(d).await;
+        gate.thaw(generation);
+    });
+    true
+}
+
 struct Running {
     gate: Arc<Gate>,
     control: Arc<FaultControl>,
+    process: Arc<Process>,
     driver: JoinHandle<()>,
     worker: JoinHandle<()>,
     observer: JoinHandle<()>,
@@ -305,33 +476,90 @@ const WORK_EVERY: Duration = Duration::from_millis(250);
 
 fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Running> {
     let control = FaultControl::new();
-    let store = Arc::new(FaultyStore::new(
+    let gate = Arc::new(Gate::default());
+    let late_logger = || {
+        let world = world.clone();
+        move |late: Late| match late {
+            Late::Held { fenced, until } => world.log(Event::Held {
+                cand,
+                at: world.now(),
+                until: world.since_start(until),
+                fenced,
+            }),
+            Late::Applying { fenced } => world.log(Event::Delivered {
+                cand,
+                at: world.now(),
+                fenced,
+            }),
+        }
+    };
+    let lease_store = FaultyStore::new(
         Recorder(world.clone()),
         rng.next_u64(),
         vec![world.global.clone(), control.clone()],
-    ));
+    )
+    .on_late(late_logger());
+    let process = Arc::new(Process {
+        store: lease_store,
+        world: world.clone(),
+        cand,
+        gate: gate.clone(),
+        control: control.clone(),
+        pause: Mutex::new(None),
+    });
+    let resource = Arc::new(
+        FaultyStore::new(
+            Resource {
+                world: world.clone(),
+                cand,
+            },
+            rng.next_u64(),
+            vec![
+                world.global.clone(),
+                world.resource.clone(),
+                control.clone(),
+            ],
+        )
+        .on_late(late_logger()),
+    );
     let drift = (rng.next_f64() * 2.0 - 1.0) * world.config.max_drift;
     let rate = match world.config.negative {
         NegativeControl::ExcessiveDrift if cand == 0 => 0.5,
         _ => 1.0 + drift,
     };
-    let elector = Elector::builder(store, LeaseKey::new("sim").ok()?)
-        .timing(world.config.timing)
+    let mut timing = world.config.timing;
+    if world.config.negative == NegativeControl::LazyFollowers {
+        timing.retry_every = timing.ttl * 2;
+    }
+    let elector = Elector::builder(process.clone(), LeaseKey::new("sim").ok()?)
+        .timing(timing)
         .holder_id(HolderId::new(format!("cand-{cand}")).ok()?)
         .jitter_seed(rng.next_u64())
         .simulated_clock_rate(rate)
         .build()
         .ok()?;
     let (handle, task) = elector.into_parts();
-    let observer = tokio::spawn(observe(world.clone(), cand, handle.leadership()));
-    let gate = Arc::new(Gate::default());
+    let granted = Arc::new(Notify::new());
+    let observer = tokio::spawn(observe(
+        world.clone(),
+        cand,
+        handle.leadership(),
+        granted.clone(),
+    ));
     let (resign_tx, resign_rx) = mpsc::channel(1);
     let driver = tokio::spawn(Freezable {
         inner: task,
         gate: gate.clone(),
     });
     let worker = tokio::spawn(Freezable {
-        inner: Box::pin(work(world.clone(), cand, handle, resign_rx)),
+        inner: Box::pin(work(
+            world.clone(),
+            cand,
+            handle,
+            resource,
+            granted,
+            resign_rx,
+        )),
         gate: gate.clone(),
     });
     world.log(Event::Started {
@@ -341,6 +569,7 @@ fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Running> {
     Some(Running {
         gate,
         control,
+        process,
         driver,
         worker,
         observer,
@@ -348,12 +577,14 @@ fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Running> {
     })
 }
 
-/// Records grants and revocations as the elector publishes them; runs outside the frozen
-/// process, like a log shipper.
+/// Records grants and revocations as the elector publishes them, and tells the worker of each
+/// new term; runs outside the frozen process, like a log shipper. It is the only task that
+/// waits on the candidate's `Leadership` channel (see the module's "Determinism").
 async fn observe(
     world: Arc<World>,
     cand: Cand,
-    mut rx: tokio::sync::watch::Receiver<crate::elector::Leadership>,
+    mut rx: tokio::sync::watch::Receiver<Leadership>,
+    granted: Arc<Notify>,
 ) {
     let mut current: Option<u64> = None;
     loop {
@@ -372,6 +603,7 @@ async fn observe(
                     token: new,
                     at: world.now(),
                 });
+                granted.notify_one();
             }
             current = token;
         }
@@ -388,23 +620,44 @@ async fn observe(
     }
 }
 
+/// Takes the term `wait_for_term` has ready, without waiting for one: `None` if there is
+/// none right now.
+async fn term_ready(handle: &ElectorHandle) -> Option<Result<Term, ()>> {
+    tokio::select! {
+        biased;
+        t = handle.wait_for_term() => Some(t.map_err(|_| ())),
+        () = std::future::ready(()) => None,
+    }
+}
+
 /// A candidate's work: whenever it leads, write to the protected resource every
-/// `WORK_EVERY`, only while the term allows it.
+/// `WORK_EVERY`, only while the term allows it. Each write goes through the fault store and
+/// may reach the resource late, after the term has ended.
 async fn work(
     world: Arc<World>,
     cand: Cand,
     handle: ElectorHandle,
+    resource: Arc<FaultyStore<Resource>>,
+    granted: Arc<Notify>,
     mut resign: mpsc::Receiver<()>,
 ) {
     let Ok(object) = ObjectName::new("resource") else {
         return;
     };
     let ignore_deadline = world.config.negative == NegativeControl::IgnoreDeadline;
+    let request_timeout = world.config.timing.request_timeout;
+    let ttl = world.config.timing.ttl;
     loop {
-        let term = tokio::select! {
+        tokio::select! {
             biased;
             Some(()) = resign.recv() => { let _ = handle.resign().await; continue; }
-            t = handle.wait_for_term() => match t { Ok(t) => t, Err(_) => return },
+            () = granted.notified() => {}
+        }
+        let term = match term_ready(&handle).await {
+            Some(Ok(term)) => term,
+            Some(Err(())) => return,
+            // The term ended before this process could look (it was frozen).
+            None => continue,
         };
         let token = term.token().0;
         world.log(Event::TermStarted {
@@ -424,27 +677,22 @@ async fn work(
         let mut resigning = false;
         loop {
             let acting = if ignore_deadline {
-                !belief.term.cancellation_token().is_cancelled()
+                Instant::now() < belief.term.deadline() + ttl
             } else {
                 belief.term.is_valid()
             };
             if !acting {
                 break;
             }
-            let accepted = world
-                .store
-                .fenced_write(belief.term.fence(), &object, format!("{cand}").as_bytes())
-                .await
-                .is_ok();
-            world.log(Event::Write {
-                cand,
-                token,
-                at: world.now(),
-                accepted,
-            });
+            // The resource logs what it does with the write when (if) it gets there.
+            let _ = timeout(
+                request_timeout,
+                resource.fenced_write(belief.term.fence(), &object, format!("{cand}").as_bytes()),
+            )
+            .await;
             tokio::select! {
                 biased;
-                _ = belief.term.cancelled() => break,
+                _ = belief.term.cancelled(), if !ignore_deadline => break,
                 Some(()) = resign.recv() => { resigning = true; break; }
                 _ = sleep(WORK_EVERY) => {}
             }
@@ -460,7 +708,94 @@ async fn work(
     }
 }
 
-/// The shared store, logging every write that begins a term when it is applied.
+/// The store as one candidate's process sees it: the fault store, and a pause that can be
+/// armed to freeze the process once its next write has been applied and answered, before
+/// it reads the answer (a GC pause or SIGSTOP with a response in flight). On resuming, the
+/// process reads that answer, however late: the deadline of the term it grants must count
+/// from when the write was sent. The pause may be followed by a partition: the process
+/// resumes, reads the answer, and then cannot reach the store.
+struct Process {
+    store: FaultyStore<Recorder>,
+    world: Arc<World>,
+    cand: Cand,
+    gate: Arc<Gate>,
+    /// The candidate's own faults (its partitions).
+    control: Arc<FaultControl>,
+    pause: Mutex<Option<Pause>>,
+}
+
+#[derive(Clone, Copy)]
+struct Pause {
+    /// How long the process stays frozen.
+    frozen: Duration,
+    /// How long it is partitioned after it resumes.
+    then_cut: Option<Duration>,
+}
+
+impl Process {
+    fn arm(&self, pause: Pause) {
+        *lock(&self.pause) = Some(pause);
+    }
+
+    /// Cuts the process off the store from now until `d` after it resumes from a pause of
+    /// `frozen` (it sends nothing while frozen anyway).
+    fn cut(&self, frozen: Duration, d: Duration) {
+        let (at, until) = (self.world.now(), self.world.now() + frozen + d);
+        self.control.update(|f| f.down = true);
+        self.world.log(Event::Partitioned {
+            cand: self.cand,
+            at,
+            until,
+        });
+        let control = self.control.clone();
+        tokio::spawn(async move {
+            sleep(frozen + d).await;
+            control.set(Faults::default());
+        });
+    }
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Process(cand {})", self.cand)
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseBackend for Process {
+    fn expiry_model(&self) -> ExpiryModel {
+        self.store.expiry_model()
+    }
+
+    fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
+        self.store.check_timing(timing)
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let outcome = self.store.write(request).await;
+        let pause = match outcome {
+            Ok(WriteOutcome::Written(_)) => lock(&self.pause).take(),
+            _ => None,
+        };
+        if let Some(pause) = pause
+            && freeze(&self.world, self.cand, &self.gate, pause.frozen, true)
+        {
+            if let Some(d) = pause.then_cut {
+                self.cut(pause.frozen, d);
+            }
+            // Give up the thread: the gate keeps the process from running until it thaws,
+            // and only then does it read the answer.
+            tokio::task::yield_now().await;
+        }
+        outcome
+    }
+}
+
+/// The shared lease store, logging every write that begins a term when it is applied.
 struct Recorder(Arc<World>);
 
 impl std::fmt::Debug for Recorder {
@@ -470,33 +805,24 @@ impl std::fmt::Debug for Recorder {
 }
 
 #[async_trait::async_trait]
-impl crate::backend::LeaseBackend for Recorder {
-    async fn read(
-        &self,
-        key: &LeaseKey,
-    ) -> Result<Option<crate::backend::Stored>, crate::error::Error> {
+impl LeaseBackend for Recorder {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         self.0.store.read(key).await
     }
 
-    async fn write(
-        &self,
-        request: crate::backend::WriteRequest,
-    ) -> Result<crate::backend::WriteOutcome, crate::error::Error> {
-        let acquire = request.kind == crate::backend::WriteKind::Acquire;
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let acquire = request.kind == WriteKind::Acquire;
         let cand = request
             .record
             .holder
             .as_str()
             .strip_prefix("cand-")
             .and_then(|c| c.parse().ok());
-        let token = request.record.token.0;
         let outcome = self.0.store.write(request).await;
-        if let (true, Some(cand), Ok(crate::backend::WriteOutcome::Written(_))) =
-            (acquire, cand, &outcome)
-        {
+        if let (true, Some(cand), Ok(WriteOutcome::Written(stored))) = (acquire, cand, &outcome) {
             self.0.log(Event::Applied {
                 cand,
-                token,
+                token: stored.record.token.0,
                 at: self.0.now(),
             });
         }
@@ -504,10 +830,60 @@ impl crate::backend::LeaseBackend for Recorder {
     }
 }
 
+/// The protected resource (an object in the shared store), logging each fenced write it
+/// decides on, at the instant it decides.
+struct Resource {
+    world: Arc<World>,
+    cand: Cand,
+}
+
+impl std::fmt::Debug for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Resource(cand {})", self.cand)
+    }
+}
+
+#[async_trait::async_trait]
+impl FencedStore for Resource {
+    async fn fenced_write(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        let store = &self.world.store;
+        let outcome = if self.world.config.negative == NegativeControl::UnfencedResource {
+            // The planted bug: whatever token the writer presents, the write goes in.
+            let highest = store
+                .fenced_read(object)
+                .await?
+                .map_or(FencingToken(0), |o| o.fence);
+            let anything = Fence {
+                token: highest.max(fence.token),
+                ..fence.clone()
+            };
+            store.fenced_write(&anything, object, value).await
+        } else {
+            store.fenced_write(fence, object, value).await
+        };
+        self.world.log(Event::Write {
+            cand: self.cand,
+            token: fence.token.0,
+            at: self.world.now(),
+            accepted: outcome.is_ok(),
+        });
+        outcome
+    }
+
+    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.world.store.fenced_read(object).await
+    }
+}
+
 struct Belief {
     world: Arc<World>,
     cand: Cand,
-    term: crate::elector::Term,
+    term: Term,
     ignore_deadline: bool,
 }
 
@@ -517,11 +893,7 @@ impl Drop for Belief {
         let at = if self.ignore_deadline {
             now
         } else {
-            now.min(
-                self.term
-                    .deadline()
-                    .saturating_duration_since(self.world.start),
-            )
+            now.min(self.world.since_start(self.term.deadline()))
         };
         self.world.log(Event::TermEnded {
             cand: self.cand,
@@ -540,11 +912,18 @@ enum Action {
     Outage(Duration),
     Storm(Duration),
     ResignLeader,
+    /// Pause the leader once its next write (a renew) has been answered.
+    PauseLeaderInFlight(Duration),
+    /// Pause a follower once its next write (an acquire) has been answered.
+    PauseFollowerInFlight(Duration),
+    /// Pause the leader briefly once its next renew has been answered (it resumes before
+    /// its previous deadline), then cut it off the store.
+    PauseLeaderThenCut(Duration, Duration),
 }
 
 fn pick_action(rng: &mut Rng, ttl: Duration) -> Action {
     let d = |rng: &mut Rng, lo: f64, hi: f64| rng.duration(ttl.mul_f64(lo), ttl.mul_f64(hi));
-    match rng.range_u64(0, 11) {
+    match rng.range_u64(0, 15) {
         0..=2 => Action::FreezeLeader(d(rng, 1.2, 3.0)),
         3 => Action::FreezeAnyone(d(rng, 0.2, 2.0)),
         4 | 5 => Action::CrashLeader(d(rng, 0.2, 1.5)),
@@ -554,19 +933,38 @@ fn pick_action(rng: &mut Rng, ttl: Duration) -> Action {
         }
         8 => Action::Outage(d(rng, 0.2, 2.0)),
         9 | 10 => Action::Storm(d(rng, 0.5, 3.0)),
-        _ => Action::ResignLeader,
+        11 => Action::ResignLeader,
+        12 => Action::PauseLeaderInFlight(d(rng, 1.2, 3.0)),
+        13 | 14 => Action::PauseFollowerInFlight(d(rng, 1.2, 3.0)),
+        _ => {
+            let pause = d(rng, 0.22, 0.45);
+            Action::PauseLeaderThenCut(pause, d(rng, 1.0, 2.0))
+        }
+    }
+}
+
+fn healthy_faults(config: &SimConfig) -> Faults {
+    Faults {
+        latency: config.base_latency,
+        late: config.late_writes,
+        hold_min: config.hold.0,
+        hold_max: config.hold.1,
+        ..Faults::default()
     }
 }
 
 async fn simulate(config: SimConfig) -> Vec<Event> {
     let mut rng = Rng::seeded(config.seed);
     let global = FaultControl::new();
-    global.update(|f| f.latency = config.base_latency);
+    global.set(healthy_faults(&config));
+    let resource = FaultControl::new();
+    resource.update(|f| f.late = config.late_fenced_writes);
     let world = Arc::new(World {
         start: Instant::now(),
         events: Mutex::new(Vec::new()),
         store: MemoryStore::new(),
         global: global.clone(),
+        resource,
         leaders: Mutex::new(BTreeMap::new()),
         config: config.clone(),
     });
@@ -611,28 +1009,50 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
             let i = rng.range_u64(0, keys.len().saturating_sub(1) as u64) as usize;
             keys.get(i).copied()
         };
+        let target = leader.or(any);
         let now = world.now();
         match pick_action(&mut rng, ttl) {
-            Action::FreezeLeader(d) | Action::FreezeAnyone(d) if leader.or(any).is_some() => {
-                let target = leader.or(any).unwrap_or(0);
-                if let Some(r) = running.get(&target)
-                    && !r.gate.frozen.load(Ordering::SeqCst)
+            Action::FreezeLeader(d) | Action::FreezeAnyone(d) => {
+                if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
+                    freeze(&world, cand, &r.gate, d, false);
+                }
+            }
+            Action::PauseLeaderInFlight(d) => {
+                if let Some(r) = target.and_then(|t| running.get(&t))
+                    && !r.gate.is_frozen()
                 {
-                    r.gate.freeze();
-                    world.log(Event::Frozen {
-                        cand: target,
-                        at: now,
-                        until: now + d,
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: None,
                     });
-                    let gate = r.gate.clone();
-                    tokio::spawn(async move {
-                        sleep(d).await;
-                        gate.thaw();
+                }
+            }
+            Action::PauseLeaderThenCut(d, cut) => {
+                if let Some(r) = leader.and_then(|t| running.get(&t))
+                    && !r.gate.is_frozen()
+                {
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: Some(cut),
+                    });
+                }
+            }
+            Action::PauseFollowerInFlight(d) => {
+                let followers: Vec<&Running> = running
+                    .iter()
+                    .filter(|(c, r)| Some(**c) != leader && !r.gate.is_frozen())
+                    .map(|(_, r)| r)
+                    .collect();
+                let i = rng.range_u64(0, followers.len().saturating_sub(1) as u64) as usize;
+                if let Some(r) = followers.get(i) {
+                    r.process.arm(Pause {
+                        frozen: d,
+                        then_cut: None,
                     });
                 }
             }
             Action::CrashLeader(restart_after) => {
-                if let Some(target) = leader.or(any)
+                if let Some(target) = target
                     && let Some(r) = running.remove(&target)
                 {
                     r.driver.abort();
@@ -648,14 +1068,13 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
                 }
             }
             Action::PartitionLeader(d, hang) => {
-                if let Some(r) = leader.or(any).and_then(|t| running.get(&t).map(|r| (t, r))) {
-                    let (target, r) = r;
+                if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
                     r.control.update(|f| {
                         f.down = !hang;
                         f.hang = hang;
                     });
                     world.log(Event::Partitioned {
-                        cand: target,
+                        cand,
                         at: now,
                         until: now + d,
                     });
@@ -683,19 +1102,21 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
                     f.latency = Duration::from_millis(150);
                     f.fail_before = 0.15;
                     f.lose_response = 0.1;
+                    f.late = config.late_writes * 2.0;
                 });
                 world.log(Event::Storm {
                     at: now,
                     until: now + d,
                 });
                 let g = global.clone();
-                let base = config.base_latency;
+                let healthy = healthy_faults(&config);
                 tokio::spawn(async move {
                     sleep(d).await;
                     g.update(|f| {
-                        f.latency = base;
-                        f.fail_before = 0.0;
-                        f.lose_response = 0.0;
+                        f.latency = healthy.latency;
+                        f.fail_before = healthy.fail_before;
+                        f.lose_response = healthy.lose_response;
+                        f.late = healthy.late;
                     });
                 });
             }
@@ -704,7 +1125,6 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
                     let _ = r.resign.try_send(());
                 }
             }
-            _ => {}
         }
     }
     sleep_until(end).await;
@@ -718,265 +1138,4 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
     }
 
     lock(&world.events).clone()
-}
-
-/// One term as a candidate saw it: from the moment it learned it leads to the moment it
-/// stopped believing so (or crashed, or the run ended).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span {
-    /// The candidate.
-    pub cand: Cand,
-    /// The term's token.
-    pub token: u64,
-    /// When it began to believe.
-    pub start: Duration,
-    /// When it stopped.
-    pub end: Duration,
-}
-
-/// The belief intervals of every term in a history.
-pub fn spans(events: &[Event], run_end: Duration) -> Vec<Span> {
-    let mut open: BTreeMap<Cand, (u64, Duration)> = BTreeMap::new();
-    let mut out = Vec::new();
-    for e in events {
-        match *e {
-            Event::TermStarted { cand, token, at } => {
-                open.insert(cand, (token, at));
-            }
-            // A crash ends the belief at once, unless the candidate's own record says it
-            // ended earlier (a frozen process whose deadline passed before it was killed);
-            // that record comes first in the log.
-            Event::TermEnded { cand, at, .. } | Event::Crashed { cand, at } => {
-                if let Some((token, start)) = open.remove(&cand) {
-                    out.push(Span {
-                        cand,
-                        token,
-                        start,
-                        end: at.max(start),
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-    out.extend(open.into_iter().map(|(cand, (token, start))| Span {
-        cand,
-        token,
-        start,
-        end: run_end.max(start),
-    }));
-    out.sort_by_key(|s| (s.start, s.end, s.cand));
-    out
-}
-
-/// The intervals in which a candidate held a term as its elector saw it: from the grant to
-/// the end of its belief (or the revocation, if it never began to act: a process frozen at the
-/// moment of the grant).
-fn leader_spans(events: &[Event], run_end: Duration) -> Vec<Span> {
-    let beliefs = spans(events, run_end);
-    let mut out = Vec::new();
-    let mut open: BTreeMap<(Cand, u64), Duration> = BTreeMap::new();
-    for e in events {
-        match *e {
-            // A term that began in the store but whose holder never heard of it (frozen or
-            // partitioned as the answer came) failed at once: a zero-length leader interval.
-            Event::Applied { cand, token, at } => {
-                out.push(Span {
-                    cand,
-                    token,
-                    start: at,
-                    end: at,
-                });
-            }
-            Event::Granted { cand, token, at } => {
-                open.insert((cand, token), at);
-            }
-            Event::Revoked { cand, token, at } => {
-                if let Some(start) = open.remove(&(cand, token)) {
-                    let end = beliefs
-                        .iter()
-                        .find(|b| b.cand == cand && b.token == token)
-                        .map_or(at, |b| b.end);
-                    out.push(Span {
-                        cand,
-                        token,
-                        start,
-                        end: end.max(start),
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-    for ((cand, token), start) in open {
-        let end = beliefs
-            .iter()
-            .find(|b| b.cand == cand && b.token == token)
-            .map_or(run_end, |b| b.end);
-        out.push(Span {
-            cand,
-            token,
-            start,
-            end: end.max(start),
-        });
-    }
-    out.sort_by_key(|s| (s.start, s.end, s.cand));
-    out
-}
-
-/// Checker 1: no two candidates believe they lead at the same instant.
-pub fn check_one_leader(events: &[Event], run_end: Duration) -> Vec<Violation> {
-    let spans = spans(events, run_end);
-    let mut out = Vec::new();
-    for (i, a) in spans.iter().enumerate() {
-        for b in &spans[i + 1..] {
-            if b.start >= a.end {
-                break;
-            }
-            if b.cand != a.cand {
-                out.push(Violation {
-                    checker: "one_leader",
-                    detail: format!(
-                        "cand {} (token {}) led {:?}..{:?} while cand {} (token {}) led {:?}..{:?}",
-                        a.cand, a.token, a.start, a.end, b.cand, b.token, b.start, b.end
-                    ),
-                });
-            }
-        }
-    }
-    out
-}
-
-/// Checker 2: tokens strictly increase from term to term, and none is issued twice.
-pub fn check_tokens(events: &[Event]) -> Vec<Violation> {
-    let mut starts: Vec<(Duration, usize, Cand, u64)> = events
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| match *e {
-            Event::TermStarted { cand, token, at } => Some((at, i, cand, token)),
-            _ => None,
-        })
-        .collect();
-    starts.sort();
-    let mut out = Vec::new();
-    for w in starts.windows(2) {
-        let (at0, _, c0, t0) = w[0];
-        let (at1, _, c1, t1) = w[1];
-        if t1 <= t0 {
-            out.push(Violation {
-                checker: "tokens",
-                detail: format!(
-                    "term of cand {c1} at {at1:?} has token {t1}, not above cand {c0}'s {t0} at {at0:?}"
-                ),
-            });
-        }
-    }
-    out
-}
-
-/// Checker 3: the fenced resource never accepts a token lower than one it accepted before.
-pub fn check_fencing(events: &[Event]) -> Vec<Violation> {
-    let mut highest: Option<(u64, Cand, Duration)> = None;
-    let mut out = Vec::new();
-    for e in events {
-        if let Event::Write {
-            cand,
-            token,
-            at,
-            accepted: true,
-        } = *e
-        {
-            if let Some((h, hc, hat)) = highest
-                && token < h
-            {
-                out.push(Violation {
-                        checker: "fencing",
-                        detail: format!(
-                            "resource accepted token {token} from cand {cand} at {at:?} after token {h} from cand {hc} at {hat:?}"
-                        ),
-                    });
-                continue;
-            }
-            highest = Some((token, cand, at));
-        }
-    }
-    out
-}
-
-/// Checker 4: whenever nobody leads, a leader appears within
-/// `ttl + retry_every + 2 x request_timeout` (plus latency, scaled for drift) — unless a fault
-/// (outage, storm, partition) touched the window, or no candidate was up throughout it.
-/// Returns the judged gaps (longest first) and the violations.
-pub fn check_liveness(config: &SimConfig, events: &[Event]) -> (Vec<Duration>, Vec<Violation>) {
-    let t = config.timing;
-    let bound = (t.ttl + t.retry_every + t.request_timeout * 2 + config.base_latency * 4)
-        .mul_f64(1.0 + 2.0 * config.max_drift)
-        + Duration::from_millis(50);
-    let run_end = config.duration;
-    let spans = leader_spans(events, run_end);
-    // Gaps in the union of the intervals in which some candidate held a granted term.
-    let mut gaps = Vec::new();
-    let mut covered_to = Duration::ZERO;
-    for s in &spans {
-        if s.start > covered_to {
-            gaps.push((covered_to, s.start));
-        }
-        covered_to = covered_to.max(s.end);
-    }
-    if covered_to < run_end {
-        gaps.push((covered_to, run_end));
-    }
-    let mut faults = Vec::new();
-    let mut frozen: Vec<(Cand, Duration, Duration)> = Vec::new();
-    let mut started: BTreeMap<Cand, Duration> = BTreeMap::new();
-    let mut crashed: BTreeMap<Cand, Duration> = BTreeMap::new();
-    for e in events {
-        match *e {
-            Event::Outage { at, until } | Event::Storm { at, until } => faults.push((at, until)),
-            Event::Partitioned { at, until, .. } => faults.push((at, until)),
-            Event::Frozen { cand, at, until } => frozen.push((cand, at, until)),
-            Event::Started { cand, at } => {
-                started.insert(cand, at);
-            }
-            Event::Crashed { cand, at } => {
-                crashed.insert(cand, at);
-            }
-            _ => {}
-        }
-    }
-    let overlaps = |a0: Duration, a1: Duration, b0: Duration, b1: Duration| a0 < b1 && b0 < a1;
-    let mut judged = Vec::new();
-    let mut out = Vec::new();
-    for (g0, g1) in gaps {
-        let w0 = g0.saturating_sub(t.ttl + t.retry_every);
-        let w1 = g0 + bound;
-        if w1 > run_end {
-            continue;
-        }
-        if faults.iter().any(|&(f0, f1)| overlaps(w0, w1, f0, f1)) {
-            continue;
-        }
-        let someone_up = started.iter().any(|(&c, &s)| {
-            s <= w0
-                && crashed.get(&c).is_none_or(|&x| x >= w1)
-                && !frozen
-                    .iter()
-                    .any(|&(fc, f0, f1)| fc == c && overlaps(w0, w1, f0, f1))
-        });
-        if !someone_up && g0 > Duration::ZERO {
-            continue;
-        }
-        judged.push(g1 - g0);
-        if g1 - g0 > bound {
-            out.push(Violation {
-                checker: "liveness",
-                detail: format!(
-                    "no leader from {g0:?} to {g1:?} ({:?}, bound {bound:?}) with the store healthy",
-                    g1 - g0
-                ),
-            });
-        }
-    }
-    judged.sort_by(|a, b| b.cmp(a));
-    (judged, out)
 }
