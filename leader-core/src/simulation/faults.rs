@@ -259,6 +259,87 @@ impl<S> FaultyStore<S> {
         }));
         true
     }
+
+    /// One read through the faults: `op` reaches the store unless the store is down, hangs or
+    /// the request fails first; its answer may be lost.
+    async fn read_through<T>(
+        &self,
+        op: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match self.decide(false) {
+            Decision::Down => Err(Error::unavailable("injected: store down")),
+            Decision::Hang => std::future::pending().await,
+            Decision::Go {
+                before,
+                after,
+                fail,
+                lose,
+                late: _,
+            } => {
+                sleep(before).await;
+                if fail {
+                    return Err(Error::unavailable("injected: read failed"));
+                }
+                let r = op.await;
+                sleep(after).await;
+                if lose {
+                    return Err(Error::unavailable("injected: read response lost"));
+                }
+                r
+            }
+        }
+    }
+
+    /// One conditional write (`what`: "write" or "fenced write") through the faults: `now`
+    /// sends `request` to the store, or `later` builds its delivery after the sender has given
+    /// up; its answer may be lost.
+    async fn write_through<R, T, F, L>(
+        &self,
+        what: &str,
+        fenced: bool,
+        request: R,
+        now: impl FnOnce(R) -> F,
+        later: impl FnOnce(R) -> L,
+    ) -> Result<T, Error>
+    where
+        F: Future<Output = Result<T, Error>>,
+        L: Future<Output = ()> + Send + 'static,
+    {
+        match self.decide(true) {
+            Decision::Down => Err(Error::unavailable("injected: store down")),
+            Decision::Hang => std::future::pending().await,
+            Decision::Go {
+                before,
+                after,
+                fail,
+                lose,
+                late,
+            } => {
+                sleep(before).await;
+                if fail {
+                    return Err(Error::unavailable(format!(
+                        "injected: {what} failed before the store"
+                    )));
+                }
+                if let Some(hold) = late {
+                    if self.deliver_late(hold, fenced, later(request)) {
+                        return std::future::pending().await;
+                    }
+                    return Err(Error::unavailable(format!(
+                        "injected: {what} lost before the store (no runtime to deliver it late)"
+                    )));
+                }
+                let r = now(request).await;
+                sleep(after).await;
+                if lose {
+                    return Err(Error::indeterminate(format!(
+                        "injected: {what} applied, response lost"
+                    )));
+                }
+                r
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -272,70 +353,24 @@ impl<S: LeaseBackend + 'static> LeaseBackend for FaultyStore<S> {
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        match self.decide(false) {
-            Decision::Down => Err(Error::unavailable("injected: store down")),
-            Decision::Hang => std::future::pending().await,
-            Decision::Go {
-                before,
-                after,
-                fail,
-                lose,
-                late: _,
-            } => {
-                sleep(before).await;
-                if fail {
-                    return Err(Error::unavailable("injected: read failed"));
-                }
-                let r = self.inner.read(key).await;
-                sleep(after).await;
-                if lose {
-                    return Err(Error::unavailable("injected: read response lost"));
-                }
-                r
-            }
-        }
+        self.read_through(self.inner.read(key)).await
     }
 
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
-        match self.decide(true) {
-            Decision::Down => Err(Error::unavailable("injected: store down")),
-            Decision::Hang => std::future::pending().await,
-            Decision::Go {
-                before,
-                after,
-                fail,
-                lose,
-                late,
-            } => {
-                sleep(before).await;
-                if fail {
-                    return Err(Error::unavailable(
-                        "injected: write failed before the store",
-                    ));
+        self.write_through(
+            "write",
+            false,
+            request,
+            |request| self.inner.write(request),
+            // Conditional as ever: refused if the record changed meanwhile.
+            |request| {
+                let inner = self.inner.clone();
+                async move {
+                    let _ = inner.write(request).await;
                 }
-                if let Some(hold) = late {
-                    let inner = self.inner.clone();
-                    let apply = async move {
-                        // Conditional as ever: refused if the record changed meanwhile.
-                        let _ = inner.write(request).await;
-                    };
-                    if self.deliver_late(hold, false, apply) {
-                        return std::future::pending().await;
-                    }
-                    return Err(Error::unavailable(
-                        "injected: write lost before the store (no runtime to deliver it late)",
-                    ));
-                }
-                let r = self.inner.write(request).await;
-                sleep(after).await;
-                if lose {
-                    return Err(Error::indeterminate(
-                        "injected: write applied, response lost",
-                    ));
-                }
-                r
-            }
-        }
+            },
+        )
+        .await
     }
 }
 
@@ -347,71 +382,25 @@ impl<S: FencedStore + 'static> FencedStore for FaultyStore<S> {
         object: &ObjectName,
         value: &[u8],
     ) -> Result<FencedObject, Error> {
-        match self.decide(true) {
-            Decision::Down => Err(Error::unavailable("injected: store down")),
-            Decision::Hang => std::future::pending().await,
-            Decision::Go {
-                before,
-                after,
-                fail,
-                lose,
-                late,
-            } => {
-                sleep(before).await;
-                if fail {
-                    return Err(Error::unavailable(
-                        "injected: fenced write failed before the store",
-                    ));
+        self.write_through(
+            "fenced write",
+            true,
+            (fence, object, value),
+            |(fence, object, value)| self.inner.fenced_write(fence, object, value),
+            // Checked against the object's fence when it lands, as ever.
+            |(fence, object, value)| {
+                let inner = self.inner.clone();
+                let (fence, object, value) = (fence.clone(), object.clone(), value.to_vec());
+                async move {
+                    let _ = inner.fenced_write(&fence, &object, &value).await;
                 }
-                if let Some(hold) = late {
-                    let inner = self.inner.clone();
-                    let (fence, object, value) = (fence.clone(), object.clone(), value.to_vec());
-                    let apply = async move {
-                        // Checked against the object's fence when it lands, as ever.
-                        let _ = inner.fenced_write(&fence, &object, &value).await;
-                    };
-                    if self.deliver_late(hold, true, apply) {
-                        return std::future::pending().await;
-                    }
-                    return Err(Error::unavailable(
-                        "injected: fenced write lost before the store (no runtime to deliver it late)",
-                    ));
-                }
-                let r = self.inner.fenced_write(fence, object, value).await;
-                sleep(after).await;
-                if lose {
-                    return Err(Error::indeterminate(
-                        "injected: fenced write applied, response lost",
-                    ));
-                }
-                r
-            }
-        }
+            },
+        )
+        .await
     }
 
     async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        match self.decide(false) {
-            Decision::Down => Err(Error::unavailable("injected: store down")),
-            Decision::Hang => std::future::pending().await,
-            Decision::Go {
-                before,
-                after,
-                fail,
-                lose,
-                late: _,
-            } => {
-                sleep(before).await;
-                if fail {
-                    return Err(Error::unavailable("injected: read failed"));
-                }
-                let r = self.inner.fenced_read(object).await;
-                sleep(after).await;
-                if lose {
-                    return Err(Error::unavailable("injected: read response lost"));
-                }
-                r
-            }
-        }
+        self.read_through(self.inner.fenced_read(object)).await
     }
 }
 
