@@ -113,6 +113,29 @@ struct Fetched {
     headers: Headers,
 }
 
+impl Fetched {
+    /// The blob's lease state as the service reported it, in lower case.
+    fn lease_state(&self) -> String {
+        self.headers
+            .get_optional_str(&LEASE_STATE_HEADER)
+            .unwrap_or(AVAILABLE)
+            .to_ascii_lowercase()
+    }
+
+    /// The lease record of `key`, marked released unless `held`, with a revision from the
+    /// ETag and `state`.
+    fn into_stored(self, key: &LeaseKey, held: bool, state: &str) -> Result<Stored, Error> {
+        let mut record = LeaseRecord::from_json(key.as_str(), &self.body)?;
+        if !held {
+            record.state = LeaseState::Released;
+        }
+        Ok(Stored {
+            record,
+            revision: revision(&self.etag, state),
+        })
+    }
+}
+
 /// The precondition of an upload.
 enum Cond<'a> {
     /// `If-None-Match: *`: create only.
@@ -781,20 +804,10 @@ impl LeaseBackend for AzureLeaseStore {
             let Some(f) = fetched else {
                 return Ok(None);
             };
-            let mut record = LeaseRecord::from_json(key.as_str(), &f.body)?;
-            let lease_state = f
-                .headers
-                .get_optional_str(&LEASE_STATE_HEADER)
-                .unwrap_or(AVAILABLE)
-                .to_ascii_lowercase();
-            if lease_state != LEASED {
-                // Expired, broken, breaking or released: nobody holds it, whatever it says.
-                record.state = LeaseState::Released;
-            }
-            Ok(Some(Stored {
-                record,
-                revision: revision(&f.etag, &lease_state),
-            }))
+            // Expired, broken, breaking or released: nobody holds it, whatever it says.
+            let lease_state = f.lease_state();
+            f.into_stored(key, lease_state == LEASED, &lease_state)
+                .map(Some)
         };
         self.bounded_read("reading the lease blob", work).await
     }
@@ -821,22 +834,10 @@ impl LeaseBackend for AzureLeaseStore {
             let Some(f) = fetched else {
                 return Ok(None);
             };
-            let mut record = LeaseRecord::from_json(key.as_str(), &f.body)?;
-            let lease_state = f
-                .headers
-                .get_optional_str(&LEASE_STATE_HEADER)
-                .unwrap_or(AVAILABLE)
-                .to_ascii_lowercase();
             // A breaking lease still answers to its id, but it cannot be renewed: not a term.
-            let ours = ours && lease_state == LEASED;
-            if !ours {
-                record.state = LeaseState::Released;
-            }
+            let ours = ours && f.lease_state() == LEASED;
             let state = if ours { LEASED } else { NOT_OURS };
-            Ok(Some(Stored {
-                record,
-                revision: revision(&f.etag, state),
-            }))
+            f.into_stored(key, ours, state).map(Some)
         };
         self.bounded_read("re-reading the lease blob", work).await
     }
