@@ -240,8 +240,6 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     }
 
     let mut signals = Signals::new()?;
-    // Before the elector can send its first acquire (see BootClock).
-    let mut clock = BootClock::new();
     let handle = elector.spawn();
     let holder = handle.holder_id().clone();
     info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, ?grace, "campaigning");
@@ -285,7 +283,7 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
             },
         };
         info!(token = %term.token(), "became leader; starting the command");
-        let outcome = supervise(&ctx, &term, &mut signals, &mut clock).await?;
+        let outcome = supervise(&ctx, &term, &mut signals).await?;
         if let Outcome::SupervisorLost(signalled) = outcome {
             // DESIGN.md: with the supervisor gone, the lease is left to expire. Holding the
             // term through the step-down keeps the elector from releasing it (it stops
@@ -350,39 +348,13 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Converts the elector's deadlines (tokio `Instant`s, on CLOCK_MONOTONIC, which stands still
-/// while the machine is suspended) to CLOCK_BOOTTIME for the supervisor, never later than the
-/// truth: a deadline was computed from a send time after the previous conversion, so any
-/// suspend since that conversion is subtracted (a suspend can only make the true deadline
-/// earlier on CLOCK_BOOTTIME).
-#[derive(Debug)]
-pub(crate) struct BootClock {
-    boot: u64,
-    at: Instant,
-}
-
-impl BootClock {
-    pub(crate) fn new() -> Self {
-        Self {
-            boot: boottime_ns(),
-            at: Instant::now(),
-        }
-    }
-
-    fn boot_deadline(&mut self, deadline: Instant) -> u64 {
-        self.convert(boottime_ns(), Instant::now(), deadline)
-    }
-
-    fn convert(&mut self, boot_now: u64, now: Instant, deadline: Instant) -> u64 {
-        let suspended = boot_now
-            .saturating_sub(self.boot)
-            .saturating_sub(nanos(now.saturating_duration_since(self.at)));
-        self.boot = boot_now;
-        self.at = now;
-        boot_now
-            .saturating_add(nanos(deadline.saturating_duration_since(now)))
-            .saturating_sub(suspended)
-    }
+/// The term's deadline on CLOCK_BOOTTIME, the clock the supervisor keeps. `Term::deadline`
+/// already counts any host suspend since the renew was sent (leader-core), so a suspend never
+/// moves this later than the truth.
+fn boottime_of(term: &Term) -> u64 {
+    boottime_ns().saturating_add(nanos(
+        term.deadline().saturating_duration_since(Instant::now()),
+    ))
 }
 
 /// Kills everything a dead supervisor left behind (re-parented to this process, a child
@@ -410,12 +382,7 @@ fn kill_leftovers() {
 const STOP_SLACK: Duration = Duration::from_secs(1);
 
 /// Runs the command for one term, through a supervisor process, until it has stopped.
-async fn supervise(
-    ctx: &Ctx<'_>,
-    term: &Term,
-    signals: &mut Signals,
-    clock: &mut BootClock,
-) -> Result<Outcome, Exit> {
+async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<Outcome, Exit> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |e: std::io::Error| Exit::new(exit::UNAVAILABLE, format!("{what}: {e}"))
@@ -426,7 +393,7 @@ async fn supervise(
         .map_err(io("cannot create the control folder"))?;
     let socket = control_dir.path().join("control");
     let listener = UnixListener::bind(&socket).map_err(io("cannot create the control socket"))?;
-    let supervisor = spawn_supervisor(ctx, term, &socket, clock.boot_deadline(term.deadline()))?;
+    let supervisor = spawn_supervisor(ctx, term, &socket, boottime_of(term))?;
     let pid = Pid::from_raw(i32::try_from(supervisor.id()).unwrap_or(i32::MAX));
     // Reaped below with waitpid, only once nothing will signal it any more (no pid reuse).
     drop(supervisor);
@@ -517,12 +484,13 @@ async fn supervise(
                 if changed.is_err() {
                     continue;
                 }
-                let deadline = match &*leadership.borrow_and_update() {
-                    Leadership::Leader { token, deadline } if *token == term.token() => Some(*deadline),
-                    _ => None,
-                };
-                if let Some(d) = deadline {
-                    send(Request::Deadline(clock.boot_deadline(d)));
+                // A renew of this term moved its deadline.
+                let renewed = matches!(
+                    &*leadership.borrow_and_update(),
+                    Leadership::Leader { token, .. } if *token == term.token()
+                );
+                if renewed {
+                    send(Request::Deadline(boottime_of(term)));
                 }
             }
             _ = tokio::time::sleep_until(backstop), if !backstop_fired => {
@@ -652,37 +620,6 @@ mod tests {
         assert!(e.message.contains("--grace"), "{}", e.message);
         let long = Timing::from_ttl(Duration::from_secs(600));
         assert_eq!(check_grace(None, &long).unwrap(), MAX_DEFAULT_GRACE);
-    }
-
-    #[test]
-    fn a_suspend_never_moves_a_deadline_later() {
-        let t0 = Instant::now();
-        let mut clock = BootClock {
-            boot: 1_000_000_000,
-            at: t0,
-        };
-        let s = 1_000_000_000;
-        // No suspend: exact. 5 s later on both clocks, a deadline 2 s ahead.
-        let d = clock.convert(
-            1_000_000_000 + 5 * s,
-            t0 + Duration::from_secs(5),
-            t0 + Duration::from_secs(7),
-        );
-        assert_eq!(d, 1_000_000_000 + 7 * s);
-        // A 60 s suspend since the last conversion (CLOCK_BOOTTIME ran on, the monotonic clock
-        // did not): the renewed deadline, computed from a send before the suspend, is not
-        // pushed 60 s later; it is already past.
-        let now = t0 + Duration::from_secs(6);
-        let d = clock.convert(1_000_000_000 + 66 * s, now, t0 + Duration::from_secs(8));
-        assert_eq!(d, 1_000_000_000 + 8 * s);
-        assert!(d < 1_000_000_000 + 66 * s);
-        // After that, conversions are exact again.
-        let d = clock.convert(
-            1_000_000_000 + 67 * s,
-            t0 + Duration::from_secs(7),
-            t0 + Duration::from_secs(9),
-        );
-        assert_eq!(d, 1_000_000_000 + 69 * s);
     }
 
     #[test]
