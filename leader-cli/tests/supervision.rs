@@ -123,12 +123,26 @@ impl Case {
             .any(|e| e.token == token && e.kind == kind)
     }
 
-    /// Starts `a`, waits until its command and daemon run, then starts `b` (a follower).
-    fn two_leaders(&self) -> (Child, Child) {
-        let a = self.leader("a");
+    /// Waits until the first term's command and its daemon run.
+    fn wait_for_first_term(&self) {
         wait_for("a's command and daemon", Duration::from_secs(10), || {
             self.has(1, "start") && self.has(1, "daemon")
         });
+    }
+
+    /// The pid that wrote the first line of `kind` (the command's `start`, the `daemon`).
+    fn pid_of(&self, kind: &str) -> i32 {
+        self.events()
+            .iter()
+            .find(|e| e.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind} line"))
+            .pid
+    }
+
+    /// Starts `a`, waits until its command and daemon run, then starts `b` (a follower).
+    fn two_leaders(&self) -> (Child, Child) {
+        let a = self.leader("a");
+        self.wait_for_first_term();
         let b = self.leader("b");
         std::thread::sleep(Duration::from_millis(700));
         assert!(!self.has(2, "start"), "b must wait while a leads");
@@ -283,12 +297,7 @@ fn sigterm_to_every_process_at_once() {
     let mut all = descendants(a.id() as i32);
     all.push(a.id() as i32);
     // The daemon left the tree only in the session sense: it is still below the supervisor.
-    let daemon = case
-        .events()
-        .iter()
-        .find(|e| e.kind == "daemon")
-        .unwrap()
-        .pid;
+    let daemon = case.pid_of("daemon");
     assert!(all.contains(&daemon), "the daemon is below the supervisor");
     let sent = boottime_ns();
     for pid in &all {
@@ -349,12 +358,7 @@ fn sigstop_of_the_group() {
     wait_for("b's command", Duration::from_secs(15), || {
         case.has(2, "start")
     });
-    let daemon = case
-        .events()
-        .iter()
-        .find(|e| e.kind == "daemon")
-        .unwrap()
-        .pid;
+    let daemon = case.pid_of("daemon");
     assert!(
         !alive(daemon),
         "the daemon outlived the frozen leader's term"
@@ -410,9 +414,7 @@ fn ctrl_c_in_a_terminal() {
         exit_file.display()
     );
     tmux(&["send-keys", "-t", "t", &line, "Enter"]);
-    wait_for("a's command and daemon", Duration::from_secs(10), || {
-        case.has(1, "start") && case.has(1, "daemon")
-    });
+    case.wait_for_first_term();
     let b = case.leader("b");
     std::thread::sleep(Duration::from_millis(700));
     let sent = boottime_ns();
@@ -457,13 +459,10 @@ fn supervisor_of(leader: &Child) -> i32 {
 fn sigkill_of_every_leader_process_kills_the_command_but_not_its_daemon() {
     let case = Case::new();
     let mut a = case.leader("a");
-    wait_for("a's command and daemon", Duration::from_secs(10), || {
-        case.has(1, "start") && case.has(1, "daemon")
-    });
+    case.wait_for_first_term();
     let supervisor = supervisor_of(&a);
-    let events = case.events();
-    let command = events.iter().find(|e| e.kind == "start").unwrap().pid;
-    let daemon = events.iter().find(|e| e.kind == "daemon").unwrap().pid;
+    let command = case.pid_of("start");
+    let daemon = case.pid_of("daemon");
     kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
     kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
     assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
@@ -504,9 +503,7 @@ fn a_pid_namespace_closes_the_sigkill_everything_escape() {
         .spawn()
         .unwrap();
     case.spawned.borrow_mut().push(a.id() as i32);
-    wait_for("a's command and daemon", Duration::from_secs(10), || {
-        case.has(1, "start") && case.has(1, "daemon")
-    });
+    case.wait_for_first_term();
     let below: Vec<i32> = descendants(a.id() as i32);
     let supervisor = supervisor_of(&a);
     kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
@@ -526,9 +523,7 @@ fn a_pid_namespace_closes_the_sigkill_everything_escape() {
 fn a_frozen_supervisor_is_killed_by_leader_when_the_term_ends() {
     let case = Case::new();
     let mut a = case.leader("a");
-    wait_for("a's command and daemon", Duration::from_secs(10), || {
-        case.has(1, "start") && case.has(1, "daemon")
-    });
+    case.wait_for_first_term();
     let supervisor = supervisor_of(&a);
     kill(Pid::from_raw(supervisor), Signal::SIGSTOP).unwrap();
     // An operator deletes the lease: a's next renew finds it gone and the term ends at once.
