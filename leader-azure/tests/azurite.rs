@@ -623,6 +623,17 @@ async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) 
     (proxy, store)
 }
 
+/// a's acquire of `key` (term 0xa, token 2) over the released record at `revision`.
+fn acquire_as_a(key: &LeaseKey, revision: leader_core::Revision) -> WriteRequest {
+    WriteRequest::new(
+        key.clone(),
+        Expected::Revision(revision),
+        raw_record("a", 2, 7),
+        WriteKind::Acquire,
+        TermId(0xa),
+    )
+}
+
 /// A key whose blob exists with a released record, so that an acquire starts with the lease
 /// call; returns its revision.
 async fn released_blob(store: &AzureLeaseStore, key: &LeaseKey) -> leader_core::Revision {
@@ -641,16 +652,7 @@ async fn a_lease_call_whose_answer_is_lost_is_asked_again_with_the_same_lease_id
     let (proxy, store) = through_proxy(&h, 1).await;
     // The acquire's first request is the lease call: Azurite grants it, the answer is lost.
     proxy.lose_responses(0, 1);
-    let outcome = store
-        .write(WriteRequest::new(
-            key.clone(),
-            Expected::Revision(revision),
-            raw_record("a", 2, 7),
-            WriteKind::Acquire,
-            TermId(0xa),
-        ))
-        .await
-        .unwrap();
+    let outcome = store.write(acquire_as_a(&key, revision)).await.unwrap();
     assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
     let WriteOutcome::Written(written) = outcome else {
         panic!("the acquire must recover the lease its lost call took: {outcome:?}")
@@ -678,16 +680,7 @@ async fn a_record_written_whose_answer_is_lost_keeps_its_lease() {
     let revision = released_blob(&direct, &key).await;
     let (proxy, store) = through_proxy(&h, 3).await;
     proxy.lose_responses(3, 1);
-    let err = store
-        .write(WriteRequest::new(
-            key.clone(),
-            Expected::Revision(revision),
-            raw_record("a", 2, 7),
-            WriteKind::Acquire,
-            TermId(0xa),
-        ))
-        .await
-        .unwrap_err();
+    let err = store.write(acquire_as_a(&key, revision)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
     assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
     let seen = direct
@@ -716,16 +709,7 @@ async fn a_lease_call_that_never_gets_an_answer_leaves_no_lease_behind() {
         lose_response_fraction: 1.0,
         ..ProxyFaults::default()
     });
-    let err = store
-        .write(WriteRequest::new(
-            key.clone(),
-            Expected::Revision(revision),
-            raw_record("a", 2, 7),
-            WriteKind::Acquire,
-            TermId(0xa),
-        ))
-        .await
-        .unwrap_err();
+    let err = store.write(acquire_as_a(&key, revision)).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
     let lease_calls = proxy.counts().lost.load(Ordering::Relaxed);
     assert!(
