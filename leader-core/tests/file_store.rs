@@ -36,6 +36,15 @@ async fn acquire(store: &FileStore, who: &str) -> Result<FencingToken, Error> {
 }
 
 /// A file outside the store that a planted link points at.
+/// The fence of holder "a"'s term with `token`.
+fn fence_of_a(token: FencingToken) -> Fence {
+    Fence {
+        key: key(),
+        holder: HolderId::new("a").unwrap(),
+        token,
+    }
+}
+
 fn victim(dir: &Path) -> PathBuf {
     let victim = dir.join("victim");
     fs::write(&victim, b"precious").unwrap();
@@ -106,11 +115,7 @@ async fn a_symlink_at_the_old_fixed_temporary_name_cannot_redirect_a_write() {
         symlink(&victim, dir.path().join(name)).unwrap();
     }
     let token = acquire(&store, "a").await.unwrap();
-    let fence = Fence {
-        key: key(),
-        holder: HolderId::new("a").unwrap(),
-        token,
-    };
+    let fence = fence_of_a(token);
     let object = ObjectName::new("job-object").unwrap();
     store.fenced_write(&fence, &object, b"work").await.unwrap();
 
@@ -137,11 +142,7 @@ async fn a_symlinked_lock_file_is_refused() {
     // A fenced object's lock too.
     let object_lock = dir.path().join("job-object.fenced.lock");
     symlink(&victim, &object_lock).unwrap();
-    let fence = Fence {
-        key: key(),
-        holder: HolderId::new("a").unwrap(),
-        token: FencingToken(1),
-    };
+    let fence = fence_of_a(FencingToken(1));
     let object = ObjectName::new("job-object").unwrap();
     let err = store
         .fenced_write(&fence, &object, b"work")
@@ -225,11 +226,7 @@ async fn files_are_0600_and_created_folders_0700_by_default() {
     assert_eq!(mode(&dir), 0o700);
 
     let token = acquire(&store, "a").await.unwrap();
-    let fence = Fence {
-        key: key(),
-        holder: HolderId::new("a").unwrap(),
-        token,
-    };
+    let fence = fence_of_a(token);
     let object = ObjectName::new("job-object").unwrap();
     store.fenced_write(&fence, &object, b"work").await.unwrap();
     let files = [
