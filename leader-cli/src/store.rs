@@ -169,12 +169,26 @@ pub(crate) async fn open(
     }
 }
 
+/// The exit for a store error that ends the command. The library's text of a transient error
+/// says that it is being retried; here it is not, so that text is replaced.
 pub(crate) fn unavailable(e: &Error) -> Exit {
     let code = match e.kind() {
         leader_core::ErrorKind::InvalidConfig => exit::CONFIG,
         _ => exit::UNAVAILABLE,
     };
-    Exit::new(code, e.to_string())
+    let message = match e {
+        Error::Unavailable { message, .. } => format!(
+            "the store is unavailable ({message}); check the endpoint and the network, then try again"
+        ),
+        Error::Throttled { message, .. } => {
+            format!("the store is throttling requests ({message}); try again later")
+        }
+        Error::Timeout { operation, after } => format!(
+            "{operation} did not finish within {after:?}; check the endpoint and the network, then try again"
+        ),
+        other => other.to_string(),
+    };
+    Exit::new(code, message)
 }
 
 #[cfg(test)]
@@ -221,5 +235,34 @@ mod tests {
                 .message
                 .contains("unknown scheme")
         );
+    }
+
+    #[test]
+    fn an_exit_on_a_transient_error_does_not_say_retrying() {
+        for e in [
+            Error::unavailable("connection refused"),
+            Error::Throttled {
+                message: "slow down".into(),
+                source: None,
+            },
+            Error::Timeout {
+                operation: "reading the lease",
+                after: Duration::from_secs(1),
+            },
+        ] {
+            assert!(
+                e.to_string().contains("retrying"),
+                "the library's text: {e}"
+            );
+            let exit = unavailable(&e);
+            assert_eq!(exit.code, exit::UNAVAILABLE);
+            assert!(!exit.message.contains("retrying"), "{}", exit.message);
+            assert!(exit.message.contains("try again"), "{}", exit.message);
+        }
+        let e = Error::InvalidConfig {
+            message: "bad".into(),
+            source: None,
+        };
+        assert_eq!(unavailable(&e).code, exit::CONFIG);
     }
 }
