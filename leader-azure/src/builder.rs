@@ -337,6 +337,7 @@ impl AzureLeaseStoreBuilder {
             }
         }
 
+        leader_core::tls::install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(self.request_timeout)
             .connect_timeout(self.request_timeout)

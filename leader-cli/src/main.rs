@@ -198,6 +198,8 @@ fn main() -> ExitCode {
         other => other,
     };
     let _log = init_logging(cli.log_format);
+    // Before any store builds a TLS client: the suite's one crypto provider (leader-core/src/tls.rs).
+    leader_core::tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

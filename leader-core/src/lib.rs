@@ -66,6 +66,8 @@ mod rand;
 pub mod conformance;
 #[cfg(feature = "simulation")]
 pub mod simulation;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use backend::{
     Expected, ExpiryModel, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind,

@@ -114,7 +114,8 @@ impl DynamoBuilder {
 
     /// A builder with a client from the default AWS configuration chain (`aws-config`):
     /// environment, shared config and SSO-less profiles, web identity (EKS), ECS task roles and
-    /// the EC2 instance profile (IMDSv2), with an HTTPS client on rustls (ring).
+    /// the EC2 instance profile (IMDSv2), with an HTTPS client on rustls (aws-lc-rs; see
+    /// [`leader_core::tls`]).
     /// `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_DYNAMODB`) points it at an emulator. The table
     /// name is read from `LEADER_DYNAMODB_TABLE` if set.
     ///
@@ -129,8 +130,9 @@ impl DynamoBuilder {
     #[cfg(feature = "from-env")]
     pub async fn from_env() -> Self {
         use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+        leader_core::tls::install_crypto_provider();
         let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
             .build_https();
         let config = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)

@@ -196,6 +196,7 @@ impl GcsBuilder {
                 "the request timeout must be greater than zero".to_owned(),
             ));
         }
+        leader_core::tls::install_crypto_provider();
         let credentials = match self.identity {
             Identity::ApplicationDefault => {
                 credentials::Builder::default()
