@@ -9,8 +9,11 @@ threaded server (slow clients do not block the accept loop) but runs each
 request, body included, while holding one process-wide lock.
 
 Usage: moto_server.py --host 127.0.0.1 --port PORT [--stock]
+                      [--tls-port PORT --cert PEM --key PEM]
 
 ``--stock`` serves the same app without the lock, to demonstrate the race.
+``--tls-port`` also serves the same app (same state, same lock) over HTTPS with the given
+certificate and key, for the tests of the TLS paths.
 ``POST /moto-api/reset`` clears all state (moto's own endpoint).
 """
 
@@ -54,7 +57,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--stock", action="store_true", help="do not serialize requests")
+    parser.add_argument("--tls-port", type=int, help="also serve HTTPS on this port")
+    parser.add_argument("--cert", help="PEM certificate for --tls-port")
+    parser.add_argument("--key", help="PEM private key for --tls-port")
     args = parser.parse_args(argv)
+    if args.tls_port is not None and not (args.cert and args.key):
+        parser.error("--tls-port needs --cert and --key")
 
     app: Any = DomainDispatcherApplication(create_backend_app)
     if not args.stock:
@@ -68,9 +76,24 @@ def main(argv: list[str]) -> int:
         request_handler=MotoRequestHandler,
     )
 
+    servers = [server]
+    if args.tls_port is not None:
+        tls = make_server(
+            args.host,
+            args.tls_port,
+            app,
+            threaded=True,
+            request_handler=MotoRequestHandler,
+            ssl_context=(args.cert, args.key),
+        )
+        servers.append(tls)
+        threading.Thread(target=tls.serve_forever, daemon=True).start()
+        print(f"moto also listening on https://{args.host}:{args.tls_port}", flush=True)
+
     def stop(_signum: int, _frame: Any) -> None:
         # shutdown() blocks until serve_forever returns, so call it from another thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        for s in servers:
+            threading.Thread(target=s.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -159,6 +159,9 @@ pub(crate) fn to_error(
     container: &str,
     effect: Effect,
 ) -> Error {
+    if let Some(untrusted) = leader_core::tls::untrusted_certificate(&err, what) {
+        return untrusted;
+    }
     let class = classify(&err);
     let message = format!("{what}: {}", summary(&err));
     let source: Option<leader_core::BoxError> = Some(Box::new(err));

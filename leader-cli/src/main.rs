@@ -93,9 +93,11 @@ Environment of the command:
   LEADER_STORE          the store URL          LEADER_TTL_MS   the lease duration, in ms
   LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
 
-Logging: LEADER_LOG sets the filter (tracing syntax, default `info`, e.g. `warn` or
-  `leader_core=debug`); --log-format text|json (LEADER_LOG_FORMAT). Logs go to stderr through
-  a buffer that drops lines rather than block, so a stuck stderr never delays a stop.
+Logging: LEADER_LOG sets the filter (tracing syntax, e.g. `warn`, `leader_core=debug`, or
+  `debug` for everything, the SDKs included). The default is `info` for leader's own lines and
+  only errors (AWS) or warnings (Azure, Google) from the cloud SDKs. --log-format text|json
+  (LEADER_LOG_FORMAT). Logs go to stderr through a buffer that drops lines rather than block,
+  so a stuck stderr never delays a stop.
 
 Exit codes:
   the command's own code (128+N if it died of signal N)
@@ -112,7 +114,21 @@ Exit codes:
 
 Stores:
   file:///absolute/path/KEY   leases in files, for processes on one host (the embedded default)
-  azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY, gs://BUCKET/OBJECT   (when compiled in)";
+  azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY, gs://BUCKET/OBJECT   (when compiled in)
+
+Credentials (each cloud's usual chain; nothing to pass on the command line):
+  azblob://   AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY
+              or AZURE_STORAGE_SAS_TOKEN; else workload identity (AZURE_FEDERATED_TOKEN_FILE,
+              AZURE_TENANT_ID, AZURE_CLIENT_ID), else the managed identity (AZURE_CLIENT_ID
+              picks a user-assigned one)
+  dynamodb:// the AWS chain: AWS_ACCESS_KEY_ID..., AWS_PROFILE and the shared files, web
+              identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN), ECS, the EC2 instance
+              profile (IMDSv2); region from AWS_REGION or the profile
+  gs://       Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, the gcloud
+              login, or the metadata server (GCE, GKE, Cloud Run)
+  TLS trusts the system's roots; SSL_CERT_FILE (a PEM bundle) replaces them.
+  --endpoint URL moves the store (credentials unchanged). Emulators: --emulator, or their own
+  variables (STORAGE_EMULATOR_HOST, an Azurite connection string).";
 
 #[derive(Debug, Parser)]
 #[command(name = "leader", version, about = "Run a command only while this instance is leader", after_help = AFTER_HELP)]
@@ -163,13 +179,23 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Logs to stderr through a writer thread that drops lines rather than block: a stuck stderr
 /// (a pager that is not reading, a stalled log collector) must never stop `leader` or its
 /// supervisor from acting at a deadline. Keep the guard until exit (it flushes, for 1 s at most).
+/// The filter without `LEADER_LOG`: our own lines at INFO; the SDKs only when something is
+/// wrong. Their retries and fallbacks are ours to report, once, with the store and the
+/// operation: the AWS credential chain warns (multi-line) for every provider it tries,
+/// azure_core logs each transport failure at INFO, and the certificate verifier logs at ERROR
+/// what our error message says too.
+const DEFAULT_LOG: &str = "info,aws_config=error,aws_runtime=error,aws_smithy_runtime=error,\
+aws_smithy_http_client=error,typespec_client_core=warn,azure_core=warn,azure_identity=warn,\
+google_cloud_auth=warn,google_cloud_gax_internal=warn,google_cloud_storage=warn,\
+rustls_platform_verifier=off";
+
 pub(crate) fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .thread_name("leader-log")
         .finish(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEADER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

@@ -12,10 +12,16 @@ use crate::{Exit, exit};
 /// Options shared by every command that opens a store.
 #[derive(Clone, Debug, Default, Args)]
 pub(crate) struct StoreOptions {
-    /// The store's endpoint (Azurite, a private endpoint); credentials and region still come
-    /// from the cloud's usual environment variables.
+    /// The store's endpoint URL (a private or regional endpoint; https:// uses TLS, http://
+    /// does not). Credentials and region still come from the cloud's usual chain.
     #[arg(long, env = "LEADER_ENDPOINT")]
     pub(crate) endpoint: Option<String>,
+    /// Talk to a local emulator with its conventions instead of the cloud's credentials:
+    /// Azurite's development account and key, DynamoDB with dummy keys in us-east-1, GCS
+    /// without credentials. The endpoint is --endpoint, else the emulator's own variable
+    /// (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) or Azurite's default port.
+    #[arg(long, env = "LEADER_EMULATOR")]
+    pub(crate) emulator: bool,
     /// Create the folder (file://), container (azblob://) or table (dynamodb://) if it is
     /// missing (off: a missing one is an error). Not supported for gs://: create the bucket
     /// first.
@@ -112,8 +118,14 @@ pub(crate) async fn open(
         }
         #[cfg(feature = "azure")]
         StoreUrl::Azure { container, key } => {
-            let mut b = leader_azure::AzureLeaseStoreBuilder::from_env()
-                .map_err(|e| unavailable(&e))?
+            use leader_azure::AzureLeaseStoreBuilder as Builder;
+            let mut b = if options.emulator {
+                let endpoint = options.endpoint.as_deref();
+                Builder::emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
+            } else {
+                Builder::from_env().map_err(|e| unavailable(&e))?
+            };
+            b = b
                 .with_container(container.clone())
                 .with_request_timeout(request_timeout)
                 .with_create_container_if_missing(options.create_if_missing);
@@ -129,10 +141,21 @@ pub(crate) async fn open(
         }
         #[cfg(feature = "dynamo")]
         StoreUrl::Dynamo { table, key } => {
-            let mut b = leader_dynamo::DynamoBuilder::from_env().await;
-            if let Some(endpoint) = &options.endpoint {
-                b = b.with_emulator(endpoint);
-            }
+            let b = if options.emulator {
+                let endpoint = options
+                    .endpoint
+                    .clone()
+                    .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
+                    .or_else(|| env_var("AWS_ENDPOINT_URL"))
+                    .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+                leader_dynamo::DynamoBuilder::new().with_emulator(&endpoint)
+            } else {
+                let b = leader_dynamo::DynamoBuilder::from_env().await;
+                match &options.endpoint {
+                    Some(endpoint) => b.with_endpoint(endpoint.clone()),
+                    None => b,
+                }
+            };
             let store = b
                 .with_table(table.clone())
                 .with_request_timeout(request_timeout)
@@ -155,8 +178,19 @@ pub(crate) async fn open(
             let mut b = leader_gcs::GcsBuilder::from_env()
                 .with_bucket(bucket.clone())
                 .with_request_timeout(request_timeout);
-            if let Some(endpoint) = &options.endpoint {
-                b = b.emulator(endpoint.clone());
+            if options.emulator {
+                let endpoint = options
+                    .endpoint
+                    .clone()
+                    .or_else(|| env_var(leader_gcs::EMULATOR_VAR))
+                    .ok_or_else(|| needs_endpoint(leader_gcs::EMULATOR_VAR))?;
+                b = b.emulator(endpoint);
+            } else if let Some(endpoint) = &options.endpoint {
+                // An explicit endpoint means the usual credentials, even if
+                // STORAGE_EMULATOR_HOST is set too.
+                b = b
+                    .with_endpoint(endpoint.clone())
+                    .with_application_default_credentials();
             }
             let store = b.build().await.map_err(|e| unavailable(&e))?;
             Ok((Arc::new(store), key.clone()))
@@ -167,6 +201,20 @@ pub(crate) async fn open(
             "this backend is not compiled into this build of `leader`",
         )),
     }
+}
+
+/// A non-empty environment variable.
+#[cfg(any(feature = "dynamo", feature = "gcs"))]
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+#[cfg(any(feature = "dynamo", feature = "gcs"))]
+fn needs_endpoint(variable: &str) -> Exit {
+    Exit::new(
+        exit::USAGE,
+        format!("--emulator needs the emulator's address: pass --endpoint URL or set {variable}"),
+    )
 }
 
 /// The exit for a store error that ends the command. The library's text of a transient error

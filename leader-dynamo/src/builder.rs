@@ -15,6 +15,7 @@ use crate::error::Context;
 #[derive(Clone, Debug)]
 pub struct DynamoBuilder {
     client: Option<Client>,
+    endpoint: Option<String>,
     table: Option<String>,
     partition_key: String,
     request_timeout: Duration,
@@ -42,6 +43,7 @@ impl DynamoBuilder {
     pub fn new() -> Self {
         Self {
             client: None,
+            endpoint: None,
             table: None,
             partition_key: Self::DEFAULT_PARTITION_KEY.to_owned(),
             request_timeout: Timing::default().request_timeout,
@@ -55,6 +57,15 @@ impl DynamoBuilder {
     /// [`with_request_timeout`](Self::with_request_timeout).
     pub fn with_client(mut self, client: Client) -> Self {
         self.client = Some(client);
+        self
+    }
+
+    /// Sends every call to `endpoint_url` (a VPC endpoint, a FIPS or local endpoint) instead of
+    /// the client's own: the client's credentials, region and HTTP client stay, and TLS is used
+    /// if the URL says `https`. For an emulator with dummy credentials use
+    /// [`with_emulator`](Self::with_emulator).
+    pub fn with_endpoint(mut self, endpoint_url: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint_url.into());
         self
     }
 
@@ -93,8 +104,10 @@ impl DynamoBuilder {
         self
     }
 
-    /// Talks to a local emulator (moto, LocalStack, DynamoDB Local) at `endpoint_url` over plain
-    /// HTTP, with the dummy credentials `test`/`test` and region `us-east-1`.
+    /// Talks to a local emulator (moto, LocalStack, DynamoDB Local) at `endpoint_url` with the
+    /// dummy credentials `test`/`test` and region `us-east-1`. Plain HTTP; an `https` URL needs
+    /// the `from-env` feature (which brings the TLS client) and a certificate the machine trusts
+    /// (`SSL_CERT_FILE`).
     pub fn with_emulator(self, endpoint_url: &str) -> Self {
         let config = aws_sdk_dynamodb::Config::builder()
             .behavior_version(BehaviorVersion::latest())
@@ -107,7 +120,7 @@ impl DynamoBuilder {
                 None,
                 "leader-dynamo-emulator",
             ))
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
+            .http_client(emulator_http_client(endpoint_url))
             .build();
         self.with_client(Client::from_conf(config))
     }
@@ -129,13 +142,8 @@ impl DynamoBuilder {
     /// Cancel-safe: it only reads configuration.
     #[cfg(feature = "from-env")]
     pub async fn from_env() -> Self {
-        use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
-        leader_core::tls::install_crypto_provider();
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
-            .build_https();
         let config = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(http)
+            .http_client(https_client())
             .load()
             .await;
         let mut builder = Self::new().with_client(Client::new(&config));
@@ -178,12 +186,21 @@ impl DynamoBuilder {
         if self.request_timeout.is_zero() {
             return Err(invalid("the request timeout must be positive".to_owned()));
         }
-        let Some(client) = self.client.clone() else {
+        let Some(mut client) = self.client.clone() else {
             return Err(invalid(
                 "no DynamoDB client is configured; call with_client, with_emulator or from_env"
                     .to_owned(),
             ));
         };
+        if let Some(endpoint) = &self.endpoint {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(invalid(format!(
+                    "the endpoint {endpoint:?} must be an http:// or https:// URL"
+                )));
+            }
+            let config = client.config().to_builder().endpoint_url(endpoint).build();
+            client = Client::from_conf(config);
+        }
         Ok((client, table))
     }
 
@@ -215,6 +232,27 @@ impl DynamoBuilder {
     }
 }
 
+/// The HTTP client of [`DynamoBuilder::from_env`]: HTTPS (and plain HTTP) on rustls with the
+/// suite's crypto provider, trusting the machine's roots (`SSL_CERT_FILE` replaces them).
+#[cfg(feature = "from-env")]
+fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    leader_core::tls::install_crypto_provider();
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+        .build_https()
+}
+
+/// An emulator's HTTP client: the TLS one when this build has it, else plain HTTP only.
+fn emulator_http_client(endpoint_url: &str) -> aws_sdk_dynamodb::config::SharedHttpClient {
+    #[cfg(feature = "from-env")]
+    if endpoint_url.starts_with("https://") {
+        return https_client();
+    }
+    let _ = endpoint_url;
+    aws_smithy_http_client::Builder::new().build_http()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -242,6 +280,20 @@ mod tests {
             .contains("timeout")
         );
         assert!(err(DynamoBuilder::new().with_table("leases")).contains("with_client"));
+        assert!(
+            err(emu().with_table("leases").with_endpoint("127.0.0.1:8000")).contains("http://")
+        );
+        let moved = emu()
+            .with_table("leases")
+            .with_endpoint("https://dynamodb.example.test")
+            .validate()
+            .unwrap()
+            .0;
+        assert_eq!(
+            moved.config().region().map(|r| r.as_ref()),
+            Some("us-east-1"),
+            "with_endpoint keeps the client's settings"
+        );
         assert!(emu().with_table("leases").validate().is_ok());
     }
 }

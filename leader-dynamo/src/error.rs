@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use leader_core::{BoxError, Error, FencingToken};
@@ -54,6 +55,15 @@ pub(crate) enum Failure {
         /// A connector timeout.
         timeout: bool,
     },
+    /// The credential chain gave no credentials, so nothing was sent. `permanent`: no
+    /// provider had any, or the configuration is invalid (retrying cannot help); otherwise a
+    /// provider failed (an instance metadata service that did not answer) and may recover.
+    NoCredentials {
+        /// What the chain said, on one line.
+        message: String,
+        /// Whether retrying can help.
+        permanent: bool,
+    },
     /// A response arrived but could not be read.
     BadResponse(String),
     /// DynamoDB answered with an error.
@@ -76,9 +86,19 @@ impl Failure {
         match err {
             SdkError::ConstructionFailure(_) => Failure::NotSent(text(err)),
             SdkError::TimeoutError(_) => Failure::TimedOut,
-            SdkError::DispatchFailure(d) => Failure::Dispatch {
-                message: text(err),
-                timeout: d.is_timeout(),
+            SdkError::DispatchFailure(d) => match credentials_error(err) {
+                Some(c) => Failure::NoCredentials {
+                    message: chain(c),
+                    permanent: matches!(
+                        c,
+                        CredentialsError::CredentialsNotLoaded(_)
+                            | CredentialsError::InvalidConfiguration(_)
+                    ),
+                },
+                None => Failure::Dispatch {
+                    message: text(err),
+                    timeout: d.is_timeout(),
+                },
             },
             SdkError::ResponseError(_) => Failure::BadResponse(text(err)),
             SdkError::ServiceError(s) => Failure::Service {
@@ -89,6 +109,40 @@ impl Failure {
             _ => Failure::BadResponse(text(err)),
         }
     }
+}
+
+/// The credential provider's error behind a dispatch failure, if that is what failed.
+fn credentials_error<E>(err: &SdkError<E, HttpResponse>) -> Option<&CredentialsError> {
+    let SdkError::DispatchFailure(d) = err else {
+        return None;
+    };
+    let mut cur: Option<&(dyn std::error::Error + 'static)> =
+        d.as_connector_error().map(|c| c as _);
+    while let Some(e) = cur {
+        if let Some(c) = e.downcast_ref::<CredentialsError>() {
+            return Some(c);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// An error and its sources, on one line.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = one_line(&error.to_string());
+    let mut cur = error.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&one_line(&e.to_string()));
+        cur = e.source();
+    }
+    out
+}
+
+/// The SDK's multi-line texts (the credential chain lists every provider it tried) as one
+/// log line.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn text<E>(err: &SdkError<E, HttpResponse>) -> String {
@@ -108,7 +162,7 @@ fn text<E>(err: &SdkError<E, HttpResponse>) -> String {
     });
     while let Some(e) = cur {
         out.push_str(": ");
-        out.push_str(&e.to_string());
+        out.push_str(&one_line(&e.to_string()));
         cur = e.source();
     }
     out
@@ -177,6 +231,25 @@ pub(crate) fn map_failure(
             let what = if timeout { "timed out" } else { "failed" };
             unknown(format!("{} {what}: {message}", op.name()), source)
         }
+        Failure::NoCredentials {
+            message,
+            permanent: true,
+        } => Error::Unauthenticated {
+            message: format!(
+                "{} needs AWS credentials and the chain found none ({message}); set \
+                 AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run with an \
+                 instance profile, ECS task role or web identity (IRSA)",
+                op.name()
+            ),
+            source,
+        },
+        Failure::NoCredentials {
+            message,
+            permanent: false,
+        } => Error::Unavailable {
+            message: format!("{}: loading AWS credentials failed: {message}", op.name()),
+            source,
+        },
         Failure::BadResponse(message) => unknown(
             format!("{}: the response was unreadable: {message}", op.name()),
             source,
@@ -247,6 +320,10 @@ pub(crate) fn map_sdk<E>(op: Op, ctx: &Context, err: SdkError<E, HttpResponse>) 
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
+    let what = format!("{} (table {:?})", op.name(), ctx.table);
+    if let Some(untrusted) = leader_core::tls::untrusted_certificate(&err, &what) {
+        return untrusted;
+    }
     let failure = Failure::of(&err);
     map_failure(op, ctx, failure, Some(Box::new(err)))
 }
@@ -391,6 +468,51 @@ mod tests {
                 assert!(e.is_retryable());
             }
         }
+    }
+
+    #[test]
+    fn a_credential_chain_without_credentials_is_permanent_and_one_line() {
+        use aws_sdk_dynamodb::operation::get_item::GetItemError;
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        let dispatch = |c: CredentialsError| -> SdkError<GetItemError, HttpResponse> {
+            SdkError::dispatch_failure(ConnectorError::other(Box::new(c), None))
+        };
+        let none = dispatch(CredentialsError::not_loaded(
+            "no providers in chain provided credentials:\n  Environment: not set\n  Profile: none",
+        ));
+        let failure = Failure::of(&none);
+        assert!(
+            matches!(
+                failure,
+                Failure::NoCredentials {
+                    permanent: true,
+                    ..
+                }
+            ),
+            "{failure:?}"
+        );
+        for op in [Op::Read, Op::Write, Op::Table] {
+            let e = map_failure(op, &ctx(), failure.clone(), None);
+            assert_eq!(e.kind(), ErrorKind::Unauthenticated, "{op:?}: {e}");
+            assert!(!e.is_retryable());
+            let text = e.to_string();
+            assert!(
+                !text.contains('\n') && text.contains("AWS_PROFILE"),
+                "{text}"
+            );
+        }
+        let flaky = Failure::of(&dispatch(CredentialsError::provider_timed_out(
+            std::time::Duration::from_secs(1),
+        )));
+        assert!(matches!(
+            flaky,
+            Failure::NoCredentials {
+                permanent: false,
+                ..
+            }
+        ));
+        // Nothing was sent: even a write is not indeterminate.
+        assert_eq!(kind(Op::Write, flaky), ErrorKind::Unavailable);
     }
 
     #[test]

@@ -132,7 +132,9 @@ impl GcsBuilder {
         self
     }
 
-    /// Sets the endpoint (default: the SDK's, `https://storage.googleapis.com`).
+    /// Sets the endpoint (default: the SDK's, `https://storage.googleapis.com`), e.g. a Private
+    /// Service Connect endpoint. The credentials stay as configured; TLS is used if the URL
+    /// says `https`.
     pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
         self
@@ -142,6 +144,15 @@ impl GcsBuilder {
     /// service account key or impersonation, built with `google-cloud-auth`).
     pub fn with_credentials(mut self, credentials: Credentials) -> Self {
         self.identity = Identity::Given(credentials);
+        self
+    }
+
+    /// Uses Application Default Credentials (the default; undoes
+    /// [`with_anonymous_credentials`](Self::with_anonymous_credentials) or an emulator set by
+    /// [`from_env`](Self::from_env)): `GOOGLE_APPLICATION_CREDENTIALS`, the gcloud
+    /// application-default login, or the metadata server (`GCE_METADATA_HOST` moves it).
+    pub fn with_application_default_credentials(mut self) -> Self {
+        self.identity = Identity::ApplicationDefault;
         self
     }
 

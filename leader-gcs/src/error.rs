@@ -97,6 +97,9 @@ impl Request<'_> {
 
 /// Maps a failed request to the core's error. This is the only such mapping of the crate.
 pub(crate) fn map_error(error: SdkError, request: Request<'_>) -> Error {
+    if let Some(untrusted) = leader_core::tls::untrusted_certificate(&error, &request.describe()) {
+        return untrusted;
+    }
     let class = Class::of(&error);
     let message = format!("{}: {error}", request.describe());
     let source = Some(Box::new(error) as leader_core::BoxError);

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -174,4 +174,57 @@ pub fn assert_no_overlap(events: &[Event]) {
             (a.last - b.first) as f64 / 1e9
         );
     }
+}
+
+/// Runs `leader run --store STORE EXTRA -- sh -c 'echo $LEADER_FENCING_TOKEN > FILE'` twice,
+/// then `leader status --store STORE EXTRA --json`; each process is set up by `setup` (its
+/// environment) after `LEADER_LOG=warn`. Checks that both runs exit 0, that the second term's
+/// token is above the first's, and that status shows the lease released at that token.
+/// Returns the two tokens.
+pub fn run_twice_with(store: &str, extra: &[&str], setup: impl Fn(&mut Command)) -> [u64; 2] {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("token");
+    let mut tokens = [0; 2];
+    for token in &mut tokens {
+        let script = format!("echo $LEADER_FENCING_TOKEN > {}", out.display());
+        let mut command = Command::new(LEADER);
+        command
+            .args(["run", "--store", store])
+            .args(extra)
+            .args(["--", "sh", "-c", &script])
+            .env("LEADER_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        setup(&mut command);
+        let output = command.output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "leader run on {store}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        *token = std::fs::read_to_string(&out)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    }
+    assert!(tokens[1] > tokens[0], "tokens {tokens:?} on {store}");
+    let mut command = Command::new(LEADER);
+    command
+        .args(["status", "--store", store, "--json"])
+        .args(extra)
+        .env("LEADER_LOG", "warn");
+    setup(&mut command);
+    let status = command.output().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["state"], "released", "{json}");
+    assert_eq!(json["token"], tokens[1], "{json}");
+    tokens
 }
