@@ -21,6 +21,7 @@ pub mod chaos;
 pub mod dynamodb;
 pub mod gcs;
 pub mod proxy;
+pub mod tls;
 
 #[cfg(feature = "docker")]
 mod docker;

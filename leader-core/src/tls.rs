@@ -27,26 +27,24 @@ pub fn untrusted_certificate(
 ) -> Option<crate::Error> {
     let mut next = Some(error);
     while let Some(e) = next {
-        // io::Error's `source()` skips the error it wraps; look inside it too.
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        for candidate in [Some(e), wrapped].into_iter().flatten() {
-            if let Some(rustls::Error::InvalidCertificate(why)) =
-                candidate.downcast_ref::<rustls::Error>()
-            {
-                return Some(crate::Error::InvalidConfig {
-                    message: format!(
-                        "{what}: the server's TLS certificate is not trusted ({why:?}); if a \
-                         private CA signed it, point SSL_CERT_FILE at a PEM bundle that \
-                         includes that CA (it replaces the system's roots)"
-                    ),
-                    source: None,
-                });
-            }
+        if let Some(rustls::Error::InvalidCertificate(why)) = e.downcast_ref::<rustls::Error>() {
+            return Some(crate::Error::InvalidConfig {
+                message: format!(
+                    "{what}: the server's TLS certificate is not trusted ({why:?}); if a \
+                     private CA signed it, point SSL_CERT_FILE at a PEM bundle that includes \
+                     that CA (it replaces the system's roots)"
+                ),
+                source: None,
+            });
         }
-        next = e.source();
+        next = match e.downcast_ref::<std::io::Error>() {
+            // An io::Error's `source()` skips the error it wraps (often another io::Error
+            // around the rustls error): step into the wrapped one instead.
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
@@ -86,7 +84,11 @@ mod tests {
     #[test]
     fn an_untrusted_certificate_is_found_inside_io_errors() {
         let bad = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
-        let error = Outer(std::io::Error::new(std::io::ErrorKind::InvalidData, bad));
+        // As hyper-util reports it: io::Error(Other) around io::Error(InvalidData) around it.
+        let error = Outer(std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            bad,
+        )));
         let found = untrusted_certificate(&error, "reading x").unwrap();
         assert_eq!(found.kind(), crate::ErrorKind::InvalidConfig);
         let text = found.to_string();
