@@ -212,7 +212,11 @@ fn summary(err: &azure_core::Error) -> String {
             u16::from(*status),
             error_code.as_deref().unwrap_or("(no error code)")
         ),
-        other => format!("{other}: {err}"),
+        // The SDK's texts may span lines (the credential's troubleshooting link): one line.
+        other => format!("{other}: {err}")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
     }
 }
 
@@ -381,6 +385,17 @@ mod tests {
             Effect::Unknown,
         );
         assert_eq!(e.kind(), ErrorKind::Backend);
+    }
+
+    #[test]
+    fn sdk_messages_become_one_line() {
+        let e = azure_core::Error::with_message(
+            AzureKind::Credential,
+            "ManagedIdentityCredential authentication failed.\nTo troubleshoot, visit https://x",
+        );
+        let text = to_error(e, "checking the container", "c", Effect::Settled).to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains("failed. To troubleshoot"), "{text}");
     }
 
     #[test]

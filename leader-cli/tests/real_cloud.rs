@@ -189,6 +189,38 @@ async fn aws_shared_profile_files() {
     );
 }
 
+/// A machine with no AWS credentials at all (no instance metadata service either): `leader`
+/// ends at once with one line that says what to set, at the default log level - not the
+/// SDK's multi-line warnings for every provider it tried, and not a retry loop.
+#[tokio::test]
+async fn aws_without_any_credentials_is_one_clear_line() {
+    let Some(tls) = require_tls() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let mut command = Command::new(common::LEADER);
+    command.args([
+        "run",
+        "--store",
+        "dynamodb://leases/job",
+        "--endpoint",
+        &tls.moto,
+    ]);
+    command.args(["--wait", "15s", "--", "true"]);
+    clean_env(&mut command, home.path(), &tls);
+    command
+        .env_remove("LEADER_LOG")
+        .env("AWS_REGION", "us-east-1")
+        // Where no metadata service answers (connection refused), as off EC2.
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1");
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("AWS_PROFILE") && err.contains("instance profile"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn aws_web_identity_through_sts() {
     let Some(tls) = require_tls() else { return };
@@ -441,4 +473,30 @@ async fn gcs_workload_identity_federation() {
             && c["form"]["subject_token"] == json!(format!("<{} chars>", subject.len()))),
         "{ours:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags
+
+/// `--emulator` takes the emulator's address from `--endpoint` or the emulator's own variable;
+/// with neither it is a usage error that names both (not a silent public endpoint).
+#[test]
+fn emulator_mode_needs_an_address() {
+    for (store, variable) in [
+        ("dynamodb://leases/job", "AWS_ENDPOINT_URL"),
+        ("gs://leases/job", "STORAGE_EMULATOR_HOST"),
+    ] {
+        let out = Command::new(common::LEADER)
+            .args(["status", "--store", store, "--emulator"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{store}: {err}");
+        assert!(
+            err.contains("--endpoint") && err.contains(variable),
+            "{store}: {err}"
+        );
+    }
 }
