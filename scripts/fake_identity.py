@@ -82,14 +82,35 @@ def rfc3339(t: datetime.datetime) -> str:
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "fake-identity/1"
+    timeout = 30  # seconds; a client that stalls (handshake or body) does not hold a thread forever
     state: State  # set on the class by main()
 
     # -- plumbing -------------------------------------------------------------------------
 
+    def setup(self) -> None:
+        super().setup()
+        self._handshake_failed = False
+        if isinstance(self.connection, ssl.SSLSocket):
+            # The listening socket does not handshake in accept() (one slow client would block
+            # the TLS accept loop); do it here, in this request's own thread.
+            try:
+                self.connection.do_handshake()
+            except OSError as e:  # ssl.SSLError, timeouts, resets: a client that does not trust us
+                self.log_message("TLS handshake failed: %s", e)
+                self._handshake_failed = True
+
+    def handle(self) -> None:
+        if not self._handshake_failed:
+            super().handle()
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib's name)
-        sys.stderr.write(f"[fake-identity] {self.command} {self.path} {format % args}\n")
+        # Also called for a request line that did not parse, before command/path exist.
+        sys.stderr.write(f"[fake-identity] {self.address_string()} {format % args}\n")
 
     def _body(self) -> bytes | None:
+        """The request body (exactly Content-Length bytes), b"" without one, None if unreadable."""
+        if self.headers.get("Transfer-Encoding"):
+            return None  # chunked bodies: the SDKs send a length, this fake does not decode them
         length = self.headers.get("Content-Length")
         if length is None:
             return b""
@@ -99,7 +120,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if n < 0 or n > 1 << 20:
             return None
-        return self.rfile.read(n)
+        data = self.rfile.read(n)
+        return data if len(data) == n else None
 
     def _answer(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         if isinstance(body, (dict, list)):
@@ -108,6 +130,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             data = str(body).encode()
             content_type = "text/plain"
+        self._status = status  # before writing: a client that hangs up is not answered twice
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -115,7 +138,6 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
-        self._status = status
 
     def _record(self, path: str, query: dict[str, str], form: dict[str, str]) -> None:
         headers = {
@@ -153,7 +175,10 @@ class Handler(BaseHTTPRequestHandler):
         form: dict[str, str] = {}
         body = self._body()
         if body is None:
-            self._answer(400, {"error": "invalid_request", "error_description": "bad Content-Length"})
+            self._answer(400, {
+                "error": "invalid_request",
+                "error_description": "unreadable body (bad or short Content-Length, or chunked)",
+            })
         else:
             if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
                 try:
@@ -176,14 +201,27 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/latest/"):
             return self._imds(path)
         if path.endswith("/oauth2/v2.0/token") and self.command == "POST":
+            if not self._is_form():
+                return self._not_form()
             return self._entra(path.split("/")[1], form)
         if path == "/msi/token" and self.command == "GET":
             return self._app_service(query)
         if path.startswith("/computeMetadata/") or path == "/":
             return self._gce(path)
         if path == "/v1/token" and self.command == "POST":
+            if not self._is_form():
+                return self._not_form()
             return self._google_sts(form)
         return self._answer(404, {"error": "not_found", "path": path})
+
+    def _is_form(self) -> bool:
+        return self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
+
+    def _not_form(self) -> None:
+        return self._answer(400, {
+            "error": "invalid_request",
+            "error_description": "Content-Type must be application/x-www-form-urlencoded",
+        })
 
     def _imds(self, path: str) -> None:
         if path == "/latest/api/token":
@@ -230,7 +268,9 @@ class Handler(BaseHTTPRequestHandler):
             return bad("client_id is missing")
         if not form.get("scope"):
             return bad("scope is missing")
-        if not form.get("client_assertion"):
+        if "client_assertion" not in form:
+            return bad("client_assertion is missing")
+        if not form["client_assertion"]:
             return bad("client_assertion is empty", 700024, 401, "invalid_client")
         return self._answer(200, {
             "token_type": "Bearer",
@@ -255,10 +295,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _gce(self, path: str) -> None:
         flavor = {"Metadata-Flavor": "Google"}
-        if path in ("/", "/computeMetadata/v1/", "/computeMetadata/v1"):
+        if path == "/":  # the detection ping: answered without the request header, as GCE does
             return self._answer(200, "", flavor)
         if self.headers.get("metadata-flavor") != "Google":
             return self._answer(403, "Missing Metadata-Flavor: Google header", flavor)
+        if path in ("/computeMetadata/v1/", "/computeMetadata/v1"):
+            return self._answer(200, "instance/\nproject/\nuniverse/\n", flavor)
         answers: dict[str, Any] = {
             "/computeMetadata/v1/instance/service-accounts/default/token": {
                 "access_token": "ya29.fake-metadata-token",
@@ -308,7 +350,7 @@ def main(argv: list[str]) -> int:
     tls = ThreadingHTTPServer((args.host, args.tls_port), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.cert, args.key)
-    tls.socket = context.wrap_socket(tls.socket, server_side=True)
+    tls.socket = context.wrap_socket(tls.socket, server_side=True, do_handshake_on_connect=False)
     servers = [plain, tls]
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -317,10 +359,14 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    threading.Thread(target=tls.serve_forever, daemon=True).start()
+    tls_thread = threading.Thread(target=tls.serve_forever, daemon=True)
+    tls_thread.start()
     print(f"fake identity listening on http://{args.host}:{args.port} and "
           f"https://{args.host}:{args.tls_port}", flush=True)
     plain.serve_forever()
+    tls_thread.join(timeout=5)
+    for s in servers:
+        s.server_close()
     return 0
 
 

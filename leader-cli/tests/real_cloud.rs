@@ -479,7 +479,7 @@ async fn gcs_workload_identity_federation() {
 // Flags
 
 /// `--emulator` takes the emulator's address from `--endpoint` or the emulator's own variable;
-/// with neither it is a usage error that names both (not a silent public endpoint).
+/// with neither it is a configuration error that names both (not a silent public endpoint).
 #[test]
 fn emulator_mode_needs_an_address() {
     for (store, variable) in [
@@ -493,7 +493,7 @@ fn emulator_mode_needs_an_address() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{store}: {err}");
+        assert_eq!(out.status.code(), Some(78), "{store}: {err}");
         assert!(
             err.contains("--endpoint") && err.contains(variable),
             "{store}: {err}"

@@ -16,7 +16,8 @@ pub mod drill;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{Error, FencedStore, FileStore, LeaseBackend, Timing};
+use leader::{OpenOptions, StoreUrl};
+use leader_core::{Error, FencedStore, LeaseBackend, LeaseKey, Timing};
 use serde::{Deserialize, Serialize};
 
 /// The host's monotonic clock (`CLOCK_MONOTONIC`) in microseconds: the same clock in every
@@ -140,44 +141,38 @@ pub async fn open_store(
     request_timeout: Duration,
     create: bool,
 ) -> Result<OpenedStore, Error> {
-    fn pair<S: LeaseBackend + FencedStore + 'static>(store: S) -> OpenedStore {
-        let store = Arc::new(store);
-        (store.clone(), store)
-    }
-    Ok(match kind {
-        BackendKind::File => pair(if create {
-            FileStore::create(endpoint)?
-        } else {
-            FileStore::open(endpoint)?
-        }),
-        BackendKind::Azure => {
-            let store = leader_azure::AzureLeaseStoreBuilder::emulator(endpoint)
-                .with_container(place)
-                .with_request_timeout(request_timeout)
-                .with_create_container_if_missing(create)
-                .build()?;
-            if create {
-                store.ensure_container().await?;
-            }
-            pair(store)
-        }
-        BackendKind::Dynamo => pair(
-            leader_dynamo::DynamoBuilder::new()
-                .with_emulator(endpoint)
-                .with_table(place)
-                .with_request_timeout(request_timeout)
-                .with_create_table_if_missing(create)
-                .build()
-                .await?,
-        ),
-        BackendKind::Gcs => pair(
-            leader_gcs::GcsBuilder::new(place)
-                .emulator(endpoint)
-                .with_request_timeout(request_timeout)
-                .build()
-                .await?,
-        ),
-    })
+    // Opened the way `leader run` opens it (the `leader` crate), in emulator mode. The key in
+    // the URL does not matter here: the candidates pass theirs to the elector.
+    let key = LeaseKey::new("chaos").map_err(|e| Error::InvalidConfig {
+        message: e.to_string(),
+        source: None,
+    })?;
+    let url = match kind {
+        BackendKind::File => StoreUrl::File {
+            dir: endpoint.into(),
+            key,
+        },
+        BackendKind::Azure => StoreUrl::Azure {
+            container: place.to_owned(),
+            key,
+        },
+        BackendKind::Dynamo => StoreUrl::Dynamo {
+            table: place.to_owned(),
+            key,
+        },
+        BackendKind::Gcs => StoreUrl::Gcs {
+            bucket: place.to_owned(),
+            key,
+        },
+    };
+    let options = OpenOptions::new()
+        .with_emulator(true)
+        .with_endpoint(endpoint)
+        .with_request_timeout(request_timeout)
+        // Buckets are created with GcsClient; `leader` cannot create them.
+        .with_create_if_missing(create && kind != BackendKind::Gcs);
+    let store = leader::open(&url, &options).await?;
+    Ok((store.clone(), store))
 }
 
 /// What a candidate did, one JSON object per line of its stdout. Times are [`mono_us`].

@@ -1,0 +1,457 @@
+//! Leader election with fencing tokens on the storage you already have.
+//!
+//! One entry point for the leader-lease suite: name the store with a URL, get a store that
+//! the [`Elector`] campaigns on and that takes fenced writes.
+//!
+//! | URL | store | the lease record |
+//! |---|---|---|
+//! | `file:///var/lib/leases/KEY` | [`FileStore`], for processes on one host | `/var/lib/leases/KEY.lease` |
+//! | `azblob://CONTAINER/KEY` | Azure Blob leases (feature `azure`) | blob `lease.KEY` |
+//! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` |
+//! | `gs://BUCKET/KEY` | GCS generation preconditions (feature `gcs`) | object `leader-lease/KEY` |
+//!
+//! Credentials come from each cloud's usual chain, over HTTPS; [`OpenOptions`] moves the
+//! endpoint or talks to a local emulator. The suite's TLS crypto provider is installed on the
+//! way ([`leader_core::tls`]).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use leader::{Elector, FencedStore, ObjectName, OpenOptions};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("file://{}/scheduler", dir.path().display());
+//! // e.g. "gs://my-leases/scheduler" or "dynamodb://leases/scheduler" in the cloud
+//! let (store, key) = leader::from_url(&url, &OpenOptions::new()).await?;
+//!
+//! let handle = Elector::builder(store.clone(), key)
+//!     .ttl(Duration::from_secs(15))
+//!     .build()?
+//!     .spawn();
+//! let term = handle.wait_for_term().await?;
+//! // Only this term's leader can write; a deposed one gets `Error::Fenced`.
+//! store
+//!     .fenced_write(term.fence(), &ObjectName::new("daily-report")?, b"done")
+//!     .await?;
+//! drop(term);
+//! handle.shutdown().await; // releases the lease: a follower takes over at once
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "azure")]
+pub use leader_azure as azure;
+pub use leader_core::{
+    ConfigError, Elector, ElectorBuilder, ElectorHandle, Error, ErrorKind, FenceGate, FencedStore,
+    FencingToken, FileStore, Leadership, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
+    StaleToken, Stopped, Term, Timing,
+};
+/// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "dynamo")]
+pub use leader_dynamo as dynamo;
+/// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "gcs")]
+pub use leader_gcs as gcs;
+
+/// A store that leases and takes fenced writes: what [`open`] and [`from_url`] return. Pass
+/// it to [`Elector::builder`] as it is (it is a [`LeaseBackend`]).
+pub trait Store: LeaseBackend + FencedStore {}
+impl<T: LeaseBackend + FencedStore + ?Sized> Store for T {}
+
+/// A parsed store URL: which backend, where, and the lease key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreUrl {
+    /// `file:///DIR/KEY`: the record is `DIR/KEY.lease`.
+    File {
+        /// The folder.
+        dir: PathBuf,
+        /// The lease key.
+        key: LeaseKey,
+    },
+    /// `azblob://CONTAINER/KEY`.
+    Azure {
+        /// The blob container.
+        container: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+    /// `dynamodb://TABLE/KEY`.
+    Dynamo {
+        /// The table.
+        table: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+    /// `gs://BUCKET/KEY`.
+    Gcs {
+        /// The bucket.
+        bucket: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidConfig {
+        message,
+        source: None,
+    }
+}
+
+impl StoreUrl {
+    /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/KEY`, `dynamodb://TABLE/KEY` or
+    /// `gs://BUCKET/KEY`. Whether the backend is compiled in is checked by [`open`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] saying what is wrong with the URL.
+    pub fn parse(input: &str) -> Result<Self, Error> {
+        let bad = |why: &str| invalid(format!("store URL {input:?}: {why}"));
+        let url = url::Url::parse(input.trim()).map_err(|e| {
+            bad(&format!(
+                "{e}; expected SCHEME://..., e.g. file:///var/lib/leases/KEY"
+            ))
+        })?;
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(bad("a store URL has no '?query' or '#fragment'"));
+        }
+        if !url.username().is_empty() || url.password().is_some() || url.port().is_some() {
+            return Err(bad(
+                "a store URL names no user, password or port (pass the endpoint separately)",
+            ));
+        }
+        let key_of = |name: &str| LeaseKey::new(name.to_owned()).map_err(|e| bad(&e.to_string()));
+        let scheme = url.scheme();
+        if scheme == "file" {
+            if input.trim().ends_with('/') {
+                return Err(bad(
+                    "the path must end with the lease key, not with '/': file:///dir/KEY",
+                ));
+            }
+            let path = url
+                .to_file_path()
+                .map_err(|()| bad("a file URL needs an absolute local path: file:///dir/KEY"))?;
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(bad("the path must end with the lease key"));
+            };
+            return Ok(StoreUrl::File {
+                dir: dir.to_path_buf(),
+                key: key_of(&name.to_string_lossy())?,
+            });
+        }
+        let place = url.host_str().unwrap_or_default().to_owned();
+        let key = url.path().strip_prefix('/').unwrap_or_default();
+        if place.is_empty() || key.is_empty() {
+            return Err(bad(&format!("expected {scheme}://PLACE/KEY")));
+        }
+        let key = key_of(key)?;
+        match scheme {
+            "azblob" => Ok(StoreUrl::Azure {
+                container: place,
+                key,
+            }),
+            "dynamodb" => Ok(StoreUrl::Dynamo { table: place, key }),
+            "gs" => Ok(StoreUrl::Gcs { bucket: place, key }),
+            other => Err(bad(&format!(
+                "unknown scheme {other:?}; use file://, azblob://, dynamodb:// or gs://"
+            ))),
+        }
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &LeaseKey {
+        match self {
+            StoreUrl::File { key, .. }
+            | StoreUrl::Azure { key, .. }
+            | StoreUrl::Dynamo { key, .. }
+            | StoreUrl::Gcs { key, .. } => key,
+        }
+    }
+}
+
+impl FromStr for StoreUrl {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::File { dir, key } => write!(f, "file://{}/{key}", dir.display()),
+            StoreUrl::Azure { container, key } => write!(f, "azblob://{container}/{key}"),
+            StoreUrl::Dynamo { table, key } => write!(f, "dynamodb://{table}/{key}"),
+            StoreUrl::Gcs { bucket, key } => write!(f, "gs://{bucket}/{key}"),
+        }
+    }
+}
+
+/// How [`open`] reaches the store. The defaults: the cloud's public endpoint, its usual
+/// credential chain, nothing created, the request timeout of [`Timing::default`].
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    endpoint: Option<String>,
+    emulator: bool,
+    create_if_missing: bool,
+    request_timeout: Option<Duration>,
+}
+
+impl OpenOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends every call to `url` (a private, regional or VPC endpoint; `https://` uses TLS,
+    /// `http://` does not). The credentials stay the cloud's usual chain.
+    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(url.into());
+        self
+    }
+
+    /// Talks to a local emulator with its conventions: Azurite's development account and key,
+    /// DynamoDB with dummy keys in `us-east-1`, GCS without credentials. Its address is the
+    /// [endpoint](Self::with_endpoint), else the emulator's own variable (`AWS_ENDPOINT_URL`,
+    /// `STORAGE_EMULATOR_HOST`) or Azurite's default port.
+    pub fn with_emulator(mut self, emulator: bool) -> Self {
+        self.emulator = emulator;
+        self
+    }
+
+    /// Creates the folder, container or table if it is missing (a bucket cannot be: it needs a
+    /// project, a location and a storage class). Off by default: a missing one is an error.
+    pub fn with_create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
+        self
+    }
+
+    /// The limit on every store call; at most the elector's [`Timing::request_timeout`].
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+}
+
+/// Parses `url` and [opens](open) its store; returns the store and the URL's lease key.
+///
+/// # Errors
+/// As [`StoreUrl::parse`] and [`open`].
+///
+/// # Cancel safety
+/// As [`open`].
+pub async fn from_url(
+    url: &str,
+    options: &OpenOptions,
+) -> Result<(Arc<dyn Store>, LeaseKey), Error> {
+    let url = StoreUrl::parse(url)?;
+    let store = open(&url, options).await?;
+    Ok((store, url.key().clone()))
+}
+
+/// Opens the store of `url`, checking that its folder, container, table or bucket can be used
+/// (creating it only if [asked](OpenOptions::with_create_if_missing)).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a backend not compiled in, a bad option or a missing emulator
+/// address; [`Error::NotFound`] for a missing folder, container or table; the store's error if
+/// it cannot be reached or the credentials are refused.
+///
+/// # Cancel safety
+/// Cancel-safe, except that a container or table being created may still be created.
+pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store>, Error> {
+    leader_core::tls::install_crypto_provider();
+    let request_timeout = options
+        .request_timeout
+        .unwrap_or(Timing::default().request_timeout);
+    let _ = request_timeout;
+    match url {
+        StoreUrl::File { dir, .. } => Ok(Arc::new(if options.create_if_missing {
+            FileStore::create(dir)?
+        } else {
+            FileStore::open(dir)?
+        })),
+        #[cfg(feature = "azure")]
+        StoreUrl::Azure { container, .. } => {
+            use leader_azure::AzureLeaseStoreBuilder as Builder;
+            let mut b = if options.emulator {
+                let endpoint = options.endpoint.as_deref();
+                Builder::emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
+            } else {
+                let b = Builder::from_env()?;
+                match &options.endpoint {
+                    Some(endpoint) => b.with_endpoint(endpoint.clone()),
+                    None => b,
+                }
+            };
+            b = b
+                .with_container(container.clone())
+                .with_request_timeout(request_timeout)
+                .with_create_container_if_missing(options.create_if_missing);
+            let store = b.build()?;
+            store.ensure_container().await?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "dynamo")]
+        StoreUrl::Dynamo { table, .. } => {
+            let b = if options.emulator {
+                let endpoint = options
+                    .endpoint
+                    .clone()
+                    .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
+                    .or_else(|| env_var("AWS_ENDPOINT_URL"))
+                    .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+                leader_dynamo::DynamoBuilder::new().with_emulator(&endpoint)
+            } else {
+                let b = leader_dynamo::DynamoBuilder::from_env().await;
+                match &options.endpoint {
+                    Some(endpoint) => b.with_endpoint(endpoint.clone()),
+                    None => b,
+                }
+            };
+            let store = b
+                .with_table(table.clone())
+                .with_request_timeout(request_timeout)
+                .with_create_table_if_missing(options.create_if_missing)
+                .build()
+                .await?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "gcs")]
+        StoreUrl::Gcs { bucket, .. } => {
+            if options.create_if_missing {
+                return Err(invalid(format!(
+                    "creating a missing bucket is not supported for gs:// (a bucket needs a \
+                     project, a location and a storage class); create it first, e.g. `gcloud \
+                     storage buckets create gs://{bucket}`"
+                )));
+            }
+            let mut b = leader_gcs::GcsBuilder::from_env()
+                .with_bucket(bucket.clone())
+                .with_request_timeout(request_timeout);
+            if options.emulator {
+                let endpoint = options
+                    .endpoint
+                    .clone()
+                    .or_else(|| env_var(leader_gcs::EMULATOR_VAR))
+                    .ok_or_else(|| needs_endpoint(leader_gcs::EMULATOR_VAR))?;
+                b = b.emulator(endpoint);
+            } else if let Some(endpoint) = &options.endpoint {
+                // An explicit endpoint means the usual credentials, even if
+                // STORAGE_EMULATOR_HOST is set too.
+                b = b
+                    .with_endpoint(endpoint.clone())
+                    .with_application_default_credentials();
+            }
+            Ok(Arc::new(b.build().await?))
+        }
+        #[allow(unreachable_patterns, reason = "when every backend is compiled in")]
+        other => Err(invalid(format!(
+            "{other}: this backend is not compiled in (enable the `leader` crate's feature \
+             for it)"
+        ))),
+    }
+}
+
+/// A non-empty environment variable.
+#[cfg(any(feature = "dynamo", feature = "gcs"))]
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+#[cfg(any(feature = "dynamo", feature = "gcs"))]
+fn needs_endpoint(variable: &str) -> Error {
+    invalid(format!(
+        "the emulator mode needs the emulator's address: pass --endpoint URL \
+         (OpenOptions::with_endpoint) or set {variable}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_print_back() {
+        for (text, want) in [
+            (
+                "file:///var/lib/leases/jobs",
+                StoreUrl::File {
+                    dir: PathBuf::from("/var/lib/leases"),
+                    key: LeaseKey::new("jobs").unwrap(),
+                },
+            ),
+            (
+                "dynamodb://Leases.prod/jobs",
+                StoreUrl::Dynamo {
+                    table: "Leases.prod".into(),
+                    key: LeaseKey::new("jobs").unwrap(),
+                },
+            ),
+            (
+                "azblob://c1/k",
+                StoreUrl::Azure {
+                    container: "c1".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "gs://b_1/k",
+                StoreUrl::Gcs {
+                    bucket: "b_1".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+        ] {
+            let parsed: StoreUrl = text.parse().unwrap();
+            assert_eq!(parsed, want, "{text}");
+            assert_eq!(parsed.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        for (bad, says) in [
+            ("file://relative/jobs", "absolute"),
+            ("/no/scheme", "SCHEME://"),
+            ("ftp://x/y", "unknown scheme"),
+            ("gs://bucket-only", "gs://PLACE/KEY"),
+            ("dynamodb:///key", "dynamodb://PLACE/KEY"),
+            ("file:///var/lib/bad key", "lease key"),
+            ("file:///var/lib/leases/jobs/", "not with '/'"),
+            ("file:///", "not with '/'"),
+            ("gs://b/a/b", "lease key"),
+            ("gs://b/k?x=1", "query"),
+            ("azblob://c:10000/k", "port"),
+        ] {
+            let e = StoreUrl::parse(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_store_opens_only_if_its_folder_exists_unless_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/new/job", dir.path().display());
+        let missing = from_url(&url, &OpenOptions::new()).await.err().unwrap();
+        assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+        let (_, key) = from_url(&url, &OpenOptions::new().with_create_if_missing(true))
+            .await
+            .unwrap();
+        assert_eq!(key.as_str(), "job");
+        assert!(dir.path().join("new").is_dir());
+    }
+}
