@@ -103,7 +103,7 @@ async fn dynamodb_canary_over_https() {
     }
     // The default chain (the emulators' environment has static keys), moved to the HTTPS port.
     let store = leader_dynamo::DynamoBuilder::from_env()
-        .await
+        .unwrap()
         .with_endpoint(&tls.moto)
         .with_table(unique_name("https"))
         .with_create_table_if_missing(true)

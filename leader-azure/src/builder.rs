@@ -62,7 +62,7 @@ impl fmt::Debug for Credential {
 ///
 /// Set the account (or a full blob endpoint), the container and one credential; or start from
 /// [`from_env`](Self::from_env), a [connection string](Self::with_connection_string), or the
-/// [emulator](Self::emulator). [`build`](Self::build) validates everything.
+/// [emulator](Self::with_emulator). [`build`](Self::build) validates everything.
 #[derive(Clone, Debug)]
 pub struct AzureLeaseStoreBuilder {
     account: Option<String>,
@@ -95,9 +95,8 @@ impl AzureLeaseStoreBuilder {
 
     /// The Azurite development account at `endpoint` (e.g. `http://127.0.0.1:10000/devstoreaccount1`,
     /// the value of `AZURITE_BLOB_ENDPOINT`), with its published key.
-    pub fn emulator(endpoint: impl Into<String>) -> Self {
-        Self::new()
-            .with_account(EMULATOR_ACCOUNT)
+    pub fn with_emulator(self, endpoint: impl Into<String>) -> Self {
+        self.with_account(EMULATOR_ACCOUNT)
             .with_endpoint(endpoint)
             .with_access_key(EMULATOR_KEY)
     }
@@ -175,7 +174,7 @@ impl AzureLeaseStoreBuilder {
                         container: self.container,
                         request_timeout: self.request_timeout,
                         create_container: self.create_container,
-                        ..Self::emulator(EMULATOR_ENDPOINT)
+                        ..Self::new().with_emulator(EMULATOR_ENDPOINT)
                     };
                 }
                 "AccountName" => self.account = Some(value.trim().to_owned()),
@@ -503,7 +502,8 @@ mod tests {
 
     #[test]
     fn build_validates() {
-        let no_container = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1");
+        let no_container =
+            AzureLeaseStoreBuilder::new().with_emulator("http://127.0.0.1:1/devstoreaccount1");
         assert!(
             no_container
                 .build()
@@ -511,7 +511,8 @@ mod tests {
                 .to_string()
                 .contains("no container")
         );
-        let bad = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+        let bad = AzureLeaseStoreBuilder::new()
+            .with_emulator("http://127.0.0.1:1/devstoreaccount1")
             .with_container("Bad_Name");
         assert!(
             bad.build()
@@ -519,7 +520,8 @@ mod tests {
                 .to_string()
                 .contains("invalid container name")
         );
-        let zero = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+        let zero = AzureLeaseStoreBuilder::new()
+            .with_emulator("http://127.0.0.1:1/devstoreaccount1")
             .with_container("leases")
             .with_request_timeout(Duration::ZERO);
         assert!(zero.build().is_err());

@@ -46,7 +46,7 @@
 //!
 //! [`AzureLeaseStoreBuilder::from_env`] reads `AZURE_STORAGE_*` variables instead (a connection
 //! string, an account key or SAS, or else workload / managed identity), and
-//! [`AzureLeaseStoreBuilder::emulator`] points at Azurite.
+//! [`AzureLeaseStoreBuilder::with_emulator`] points at Azurite.
 //!
 //! # Guarantees and limits
 //! - Every call is bounded by the store's request timeout (default 1.5 s), and the SDK does

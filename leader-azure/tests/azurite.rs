@@ -48,7 +48,8 @@ async fn azurite() -> Azurite {
 
 impl Azurite {
     fn builder(&self) -> AzureLeaseStoreBuilder {
-        AzureLeaseStoreBuilder::emulator(&self.endpoint)
+        AzureLeaseStoreBuilder::new()
+            .with_emulator(&self.endpoint)
             .with_container(&self.container)
             .with_create_container_if_missing(true)
     }
@@ -267,7 +268,8 @@ async fn an_expired_lease_renewed_after_another_acquired_is_lost() {
 async fn a_wrong_key_is_a_clear_authentication_error() {
     let h = azurite().await;
     h.azure().await; // the container exists
-    let wrong = AzureLeaseStoreBuilder::emulator(&h.endpoint)
+    let wrong = AzureLeaseStoreBuilder::new()
+        .with_emulator(&h.endpoint)
         .with_container(&h.container)
         .with_access_key("d3Jvbmcga2V5IGZvciB0aGUgZW11bGF0b3I=")
         .build()
@@ -285,7 +287,8 @@ async fn a_wrong_key_is_a_clear_authentication_error() {
 async fn a_missing_container_is_named_and_created_only_on_request() {
     let endpoint = endpoint().await;
     let container = unique_name("missing");
-    let store = AzureLeaseStoreBuilder::emulator(&endpoint)
+    let store = AzureLeaseStoreBuilder::new()
+        .with_emulator(&endpoint)
         .with_container(&container)
         .build()
         .unwrap();
@@ -294,7 +297,8 @@ async fn a_missing_container_is_named_and_created_only_on_request() {
     assert!(err.to_string().contains(&container), "{err}");
     let err = store.read(&LeaseKey::new("k").unwrap()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let creating = AzureLeaseStoreBuilder::emulator(&endpoint)
+    let creating = AzureLeaseStoreBuilder::new()
+        .with_emulator(&endpoint)
         .with_container(&container)
         .with_create_container_if_missing(true)
         .build()
@@ -312,7 +316,8 @@ async fn a_missing_container_is_named_and_created_only_on_request() {
 
 #[tokio::test]
 async fn timing_the_service_cannot_honour_is_rejected() {
-    let store = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+    let store = AzureLeaseStoreBuilder::new()
+        .with_emulator("http://127.0.0.1:1/devstoreaccount1")
         .with_container("leases")
         .build()
         .unwrap();
@@ -327,7 +332,8 @@ async fn timing_the_service_cannot_honour_is_rejected() {
         .unwrap_err();
         assert!(matches!(err, ConfigError::Unsupported { .. }), "{err}");
     }
-    let slow = AzureLeaseStoreBuilder::emulator("http://127.0.0.1:1/devstoreaccount1")
+    let slow = AzureLeaseStoreBuilder::new()
+        .with_emulator("http://127.0.0.1:1/devstoreaccount1")
         .with_container("leases")
         .with_request_timeout(Duration::from_secs(5))
         .build()
@@ -354,12 +360,12 @@ async fn a_write_without_an_answer_is_indeterminate_within_the_request_timeout()
         }
     });
     let limit = Duration::from_millis(400);
-    let store =
-        AzureLeaseStoreBuilder::emulator(format!("http://127.0.0.1:{port}/devstoreaccount1"))
-            .with_container("leases")
-            .with_request_timeout(limit)
-            .build()
-            .unwrap();
+    let store = AzureLeaseStoreBuilder::new()
+        .with_emulator(format!("http://127.0.0.1:{port}/devstoreaccount1"))
+        .with_container("leases")
+        .with_request_timeout(limit)
+        .build()
+        .unwrap();
     let key = LeaseKey::new("k").unwrap();
     let started = Instant::now();
     let err = store
@@ -616,7 +622,8 @@ async fn a_lost_renew_then_another_candidates_lease_ends_the_term() {
 async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) {
     let upstream = authority(&h.endpoint).unwrap().to_owned();
     let proxy = FaultProxy::start(&upstream, seed).await.unwrap();
-    let store = AzureLeaseStoreBuilder::emulator(format!("{}/devstoreaccount1", proxy.url()))
+    let store = AzureLeaseStoreBuilder::new()
+        .with_emulator(format!("{}/devstoreaccount1", proxy.url()))
         .with_container(&h.container)
         .build()
         .unwrap();

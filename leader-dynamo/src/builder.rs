@@ -15,6 +15,9 @@ use crate::error::Context;
 #[derive(Clone, Debug)]
 pub struct DynamoBuilder {
     client: Option<Client>,
+    /// Load the default AWS configuration chain in `build` (set by `from_env`).
+    #[cfg_attr(not(feature = "from-env"), allow(dead_code))]
+    default_chain: bool,
     endpoint: Option<String>,
     table: Option<String>,
     partition_key: String,
@@ -43,6 +46,7 @@ impl DynamoBuilder {
     pub fn new() -> Self {
         Self {
             client: None,
+            default_chain: false,
             endpoint: None,
             table: None,
             partition_key: Self::DEFAULT_PARTITION_KEY.to_owned(),
@@ -108,10 +112,11 @@ impl DynamoBuilder {
     /// dummy credentials `test`/`test` and region `us-east-1`. Plain HTTP; an `https` URL needs
     /// the `from-env` feature (which brings the TLS client) and a certificate the machine trusts
     /// (`SSL_CERT_FILE`).
-    pub fn with_emulator(self, endpoint_url: &str) -> Self {
+    pub fn with_emulator(self, endpoint_url: impl Into<String>) -> Self {
+        let endpoint_url = endpoint_url.into();
         let config = aws_sdk_dynamodb::Config::builder()
             .behavior_version(BehaviorVersion::latest())
-            .endpoint_url(endpoint_url)
+            .endpoint_url(&endpoint_url)
             .region(Region::new("us-east-1"))
             .credentials_provider(Credentials::new(
                 "test",
@@ -120,43 +125,54 @@ impl DynamoBuilder {
                 None,
                 "leader-dynamo-emulator",
             ))
-            .http_client(emulator_http_client(endpoint_url))
+            .http_client(emulator_http_client(&endpoint_url))
             .build();
         self.with_client(Client::from_conf(config))
     }
 
-    /// A builder with a client from the default AWS configuration chain (`aws-config`):
-    /// environment, shared config and SSO-less profiles, web identity (EKS), ECS task roles and
-    /// the EC2 instance profile (IMDSv2), with an HTTPS client on rustls (aws-lc-rs; see
-    /// [`leader_core::tls`]).
-    /// `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_DYNAMODB`) points it at an emulator. The table
-    /// name is read from `LEADER_DYNAMODB_TABLE` if set.
+    /// A builder that takes its client from the default AWS configuration chain
+    /// (`aws-config`, loaded in [`build`](Self::build)): environment, shared config and
+    /// SSO-less profiles, web identity (EKS), ECS task roles and the EC2 instance profile
+    /// (IMDSv2), with an HTTPS client on rustls (aws-lc-rs; see [`leader_core::tls`]).
+    /// `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_DYNAMODB`) moves the endpoint; the table name is
+    /// read from `LEADER_DYNAMODB_TABLE` if set.
     ///
     /// Needs the `from-env` feature (on by default).
     ///
     /// # Errors
-    /// Infallible: credentials are resolved on the first call, whose failure is then an
-    /// [`Error::Unauthenticated`] or [`Error::Unavailable`].
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: it only reads configuration.
+    /// None today (the chain is resolved in `build`, and credentials on the first call, whose
+    /// failure is then an [`Error::Unauthenticated`] or [`Error::Unavailable`]); the `Result`
+    /// keeps the builders of all backends alike.
     #[cfg(feature = "from-env")]
-    pub async fn from_env() -> Self {
-        let config = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(https_client())
-            .load()
-            .await;
-        let mut builder = Self::new().with_client(Client::new(&config));
+    pub fn from_env() -> Result<Self, Error> {
+        let mut builder = Self::new();
+        builder.default_chain = true;
         if let Some(table) = std::env::var(Self::TABLE_ENV)
             .ok()
-            .filter(|t| !t.is_empty())
+            .filter(|t| !t.trim().is_empty())
         {
             builder = builder.with_table(table);
         }
-        builder
+        Ok(builder)
     }
 
-    fn validate(&self) -> Result<(Client, String), Error> {
+    /// The client: the one given, else the default chain's (with `from_env`).
+    async fn client(&self) -> Option<Client> {
+        if let Some(client) = &self.client {
+            return Some(client.clone());
+        }
+        #[cfg(feature = "from-env")]
+        if self.default_chain {
+            let config = aws_config::defaults(BehaviorVersion::latest())
+                .http_client(https_client())
+                .load()
+                .await;
+            return Some(Client::new(&config));
+        }
+        None
+    }
+
+    fn validate(&self, client: Option<Client>) -> Result<(Client, String), Error> {
         let invalid = |message: String| Error::InvalidConfig {
             message,
             source: None,
@@ -186,7 +202,7 @@ impl DynamoBuilder {
         if self.request_timeout.is_zero() {
             return Err(invalid("the request timeout must be positive".to_owned()));
         }
-        let Some(mut client) = self.client.clone() else {
+        let Some(mut client) = client else {
             return Err(invalid(
                 "no DynamoDB client is configured; call with_client, with_emulator or from_env"
                     .to_owned(),
@@ -215,7 +231,8 @@ impl DynamoBuilder {
     /// # Cancel safety
     /// Cancel-safe, except that a `CreateTable` in flight may still complete.
     pub async fn build(self) -> Result<DynamoStore, Error> {
-        let (client, table) = self.validate()?;
+        let client = self.client().await;
+        let (client, table) = self.validate(client)?;
         let store = DynamoStore {
             client,
             partition_key: self.partition_key,
@@ -260,8 +277,12 @@ mod tests {
     use super::*;
     use leader_core::ErrorKind;
 
+    fn check(b: &DynamoBuilder) -> Result<(Client, String), Error> {
+        b.validate(b.client.clone())
+    }
+
     fn err(b: DynamoBuilder) -> String {
-        let e = b.validate().unwrap_err();
+        let e = check(&b).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig);
         e.to_string()
     }
@@ -283,17 +304,18 @@ mod tests {
         assert!(
             err(emu().with_table("leases").with_endpoint("127.0.0.1:8000")).contains("http://")
         );
-        let moved = emu()
-            .with_table("leases")
-            .with_endpoint("https://dynamodb.example.test")
-            .validate()
-            .unwrap()
-            .0;
+        let moved = check(
+            &emu()
+                .with_table("leases")
+                .with_endpoint("https://dynamodb.example.test"),
+        )
+        .unwrap()
+        .0;
         assert_eq!(
             moved.config().region().map(|r| r.as_ref()),
             Some("us-east-1"),
             "with_endpoint keeps the client's settings"
         );
-        assert!(emu().with_table("leases").validate().is_ok());
+        assert!(check(&emu().with_table("leases")).is_ok());
     }
 }

@@ -320,9 +320,14 @@ pub(crate) fn map_sdk<E>(op: Op, ctx: &Context, err: SdkError<E, HttpResponse>) 
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let what = format!("{} (table {:?})", op.name(), ctx.table);
-    if let Some(untrusted) = leader_core::tls::untrusted_certificate(&err, &what) {
-        return untrusted;
+    // The TLS client of `from_env` is ours (rustls); a client brought with `with_client` may
+    // use another TLS stack, whose errors this does not know.
+    #[cfg(feature = "from-env")]
+    {
+        let what = format!("{} (table {:?})", op.name(), ctx.table);
+        if let Some(untrusted) = leader_core::tls::untrusted_certificate(&err, &what) {
+            return untrusted;
+        }
     }
     let failure = Failure::of(&err);
     map_failure(op, ctx, failure, Some(Box::new(err)))

@@ -26,8 +26,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let ttl = Duration::from_secs(15);
-//! let store = DynamoBuilder::from_env()
-//!     .await
+//! let store = DynamoBuilder::from_env()?
 //!     .with_table("leader-leases")
 //!     // At most the elector's request timeout (ttl / 10, at most 2 s, by default).
 //!     .with_request_timeout(Duration::from_millis(1500))

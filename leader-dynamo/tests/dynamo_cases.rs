@@ -289,7 +289,7 @@ async fn table_checks() {
     let url = moto_url().await;
     let name = table();
     let missing = DynamoBuilder::new()
-        .with_emulator(&url)
+        .with_emulator(url.as_str())
         .with_table(&name)
         .build()
         .await
@@ -299,7 +299,7 @@ async fn table_checks() {
 
     // Opt-in creation: on-demand billing, the configured key.
     let store = DynamoBuilder::new()
-        .with_emulator(&url)
+        .with_emulator(url.as_str())
         .with_table(&name)
         .with_create_table_if_missing(true)
         .build()
@@ -325,7 +325,7 @@ async fn table_checks() {
     );
 
     let wrong = DynamoBuilder::new()
-        .with_emulator(&url)
+        .with_emulator(url.as_str())
         .with_table(&name)
         .with_partition_key("id")
         .build()
@@ -336,7 +336,7 @@ async fn table_checks() {
 
     // The store's timeout must fit in the elector's.
     let slow = DynamoBuilder::new()
-        .with_emulator(&url)
+        .with_emulator(url.as_str())
         .with_table(&name)
         .with_request_timeout(Duration::from_secs(5))
         .build()
@@ -436,7 +436,7 @@ async fn from_env_honours_aws_endpoint_url() {
     }
     assert_eq!(from_env.as_deref(), Some(url.as_str()));
     let store = DynamoBuilder::from_env()
-        .await
+        .unwrap()
         .with_table(table())
         .with_request_timeout(timing().request_timeout)
         .with_create_table_if_missing(true)

@@ -95,10 +95,14 @@ impl GcsBuilder {
 
     /// A builder from the environment: the bucket from `LEADER_GCS_BUCKET`, the prefix from
     /// `LEADER_GCS_PREFIX` (if set), and, if `STORAGE_EMULATOR_HOST` is set, that emulator
-    /// with anonymous credentials (see [`GcsBuilder::emulator`]). `build()` reports a missing
+    /// with anonymous credentials (see [`GcsBuilder::with_emulator`]). `build()` reports a missing
     /// bucket.
-    pub fn from_env() -> Self {
-        Self::from_vars(|name| std::env::var(name).ok())
+    ///
+    /// # Errors
+    /// None today (everything is checked in `build`); the `Result` keeps the builders of all
+    /// backends alike.
+    pub fn from_env() -> Result<Self, Error> {
+        Ok(Self::from_vars(|name| std::env::var(name).ok()))
     }
 
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
@@ -115,7 +119,7 @@ impl GcsBuilder {
             builder.prefix = prefix;
         }
         if let Some(host) = var(EMULATOR_VAR) {
-            builder = builder.emulator(host);
+            builder = builder.with_emulator(host);
         }
         builder
     }
@@ -165,7 +169,7 @@ impl GcsBuilder {
     /// Talks to an emulator (fake-gcs-server) at `host` (`127.0.0.1:4443` or
     /// `http://127.0.0.1:4443`) with anonymous credentials. Without anonymous credentials the
     /// SDK would look for a metadata server.
-    pub fn emulator(self, host: impl Into<String>) -> Self {
+    pub fn with_emulator(self, host: impl Into<String>) -> Self {
         let host = host.into();
         let host = host.trim().trim_end_matches('/');
         let endpoint = if host.contains("://") {
@@ -359,7 +363,7 @@ mod tests {
 
     #[test]
     fn emulator_keeps_a_scheme() {
-        let b = GcsBuilder::new("b1c").emulator("http://localhost:9000/");
+        let b = GcsBuilder::new("b1c").with_emulator("http://localhost:9000/");
         assert_eq!(b.endpoint.as_deref(), Some("http://localhost:9000"));
     }
 

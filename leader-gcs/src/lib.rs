@@ -39,7 +39,7 @@
 //! # }
 //! ```
 //!
-//! Against an emulator (fake-gcs-server), `GcsStore::builder(bucket).emulator(host)` sets the
+//! Against an emulator (fake-gcs-server), `GcsStore::builder(bucket).with_emulator(host)` sets the
 //! endpoint and anonymous credentials (the SDK does not read `STORAGE_EMULATOR_HOST`, and
 //! without anonymous credentials it would wait for a metadata server). [`GcsBuilder::build`]
 //! asks the credentials for a token once, within the request timeout, so that a machine

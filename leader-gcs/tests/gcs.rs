@@ -138,7 +138,7 @@ async fn missing_bucket_is_a_clear_error() {
     let bucket = Bucket::new();
     let endpoint = bucket.endpoint().await.to_owned();
     let missing = GcsStore::builder(format!("{}-missing", bucket.name))
-        .emulator(endpoint)
+        .with_emulator(endpoint)
         .with_request_timeout(REQUEST_TIMEOUT)
         .build()
         .await

@@ -286,7 +286,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             use leader_azure::AzureLeaseStoreBuilder as Builder;
             let mut b = if options.emulator {
                 let endpoint = options.endpoint.as_deref();
-                Builder::emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
+                Builder::new().with_emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
             } else {
                 let b = Builder::from_env()?;
                 match &options.endpoint {
@@ -311,9 +311,9 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
                     .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
                     .or_else(|| env_var("AWS_ENDPOINT_URL"))
                     .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
-                leader_dynamo::DynamoBuilder::new().with_emulator(&endpoint)
+                leader_dynamo::DynamoBuilder::new().with_emulator(endpoint)
             } else {
-                let b = leader_dynamo::DynamoBuilder::from_env().await;
+                let b = leader_dynamo::DynamoBuilder::from_env()?;
                 match &options.endpoint {
                     Some(endpoint) => b.with_endpoint(endpoint.clone()),
                     None => b,
@@ -336,7 +336,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
                      storage buckets create gs://{bucket}`"
                 )));
             }
-            let mut b = leader_gcs::GcsBuilder::from_env()
+            let mut b = leader_gcs::GcsBuilder::from_env()?
                 .with_bucket(bucket.clone())
                 .with_request_timeout(request_timeout);
             if options.emulator {
@@ -345,7 +345,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
                     .clone()
                     .or_else(|| env_var(leader_gcs::EMULATOR_VAR))
                     .ok_or_else(|| needs_endpoint(leader_gcs::EMULATOR_VAR))?;
-                b = b.emulator(endpoint);
+                b = b.with_emulator(endpoint);
             } else if let Some(endpoint) = &options.endpoint {
                 // An explicit endpoint means the usual credentials, even if
                 // STORAGE_EMULATOR_HOST is set too.

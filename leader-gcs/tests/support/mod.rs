@@ -67,7 +67,7 @@ impl Bucket {
 
     pub(crate) async fn store_at(&self, endpoint: &str) -> GcsStore {
         GcsStore::builder(&self.name)
-            .emulator(endpoint)
+            .with_emulator(endpoint)
             .with_request_timeout(REQUEST_TIMEOUT)
             .build()
             .await
