@@ -57,6 +57,26 @@ impl TlsSetup {
         })
     }
 
+    /// A Google service-account key file (JSON) for a fake account, with the test key
+    /// ([`sa_key_file`](Self::sa_key_file)) and a `token_uri` on the fake identity endpoints
+    /// (which the SDK never calls: it signs its own token).
+    ///
+    /// # Errors
+    /// The test key cannot be read.
+    pub fn service_account_json(&self) -> std::io::Result<String> {
+        let key = std::fs::read_to_string(&self.sa_key_file)?;
+        Ok(serde_json::json!({
+            "type": "service_account",
+            "project_id": "fake-project",
+            "private_key_id": "fake-key-1",
+            "private_key": key,
+            "client_email": "leader-test@fake-project.iam.gserviceaccount.com",
+            "client_id": "100000000000000000001",
+            "token_uri": format!("{}/token", self.identity_https),
+        })
+        .to_string())
+    }
+
     /// The fake identity endpoints' `host:port` (for `GCE_METADATA_HOST`).
     pub fn identity_authority(&self) -> &str {
         crate::proxy::authority(&self.identity_http).unwrap_or(&self.identity_http)

@@ -123,21 +123,7 @@ async fn gcs_canary_over_https() {
     // locally; fake-gcs-server takes any token).
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("sa.json");
-    let key = std::fs::read_to_string(&tls.sa_key_file).unwrap();
-    std::fs::write(
-        &key_file,
-        serde_json::json!({
-            "type": "service_account",
-            "project_id": "fake-project",
-            "private_key_id": "fake-key-1",
-            "private_key": key,
-            "client_email": "leader-test@fake-project.iam.gserviceaccount.com",
-            "client_id": "100000000000000000001",
-            "token_uri": format!("{}/token", tls.identity_https),
-        })
-        .to_string(),
-    )
-    .unwrap();
+    std::fs::write(&key_file, tls.service_account_json().unwrap()).unwrap();
     let bucket = std::env::var("LEADER_HTTPS_CANARY_BUCKET").unwrap_or_default();
     let bucket = if bucket.is_empty() {
         let bucket = unique_name("https");

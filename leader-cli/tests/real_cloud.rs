@@ -377,20 +377,10 @@ async fn gcs_service_account_key_file() {
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let key = std::fs::read_to_string(&tls.sa_key_file).unwrap();
     let file = write(
         home.path(),
         "service-account.json",
-        &json!({
-            "type": "service_account",
-            "project_id": "fake-project",
-            "private_key_id": "fake-key-1",
-            "private_key": key,
-            "client_email": "leader-test@fake-project.iam.gserviceaccount.com",
-            "client_id": "100000000000000000001",
-            "token_uri": format!("{}/token", tls.identity_https),
-        })
-        .to_string(),
+        &tls.service_account_json().unwrap(),
     );
     common::run_twice_with(
         &format!("gs://{bucket}/job"),

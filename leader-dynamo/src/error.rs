@@ -148,24 +148,16 @@ fn one_line(text: &str) -> String {
 fn text<E>(err: &SdkError<E, HttpResponse>) -> String {
     // What failed, with the connector's error chain; SDK errors carry no request (so no
     // signature or credentials) to print.
-    let mut out = String::new();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = None;
-    out.push_str(&match err {
+    match err {
         SdkError::ConstructionFailure(_) => "request could not be built".to_owned(),
         SdkError::TimeoutError(_) => "timed out".to_owned(),
-        SdkError::DispatchFailure(d) => {
-            cur = d.as_connector_error().map(|c| c as _);
-            "connection failed".to_owned()
-        }
+        SdkError::DispatchFailure(d) => match d.as_connector_error() {
+            Some(connector) => format!("connection failed: {}", chain(connector)),
+            None => "connection failed".to_owned(),
+        },
         SdkError::ResponseError(_) => "unreadable response".to_owned(),
         _ => "error".to_owned(),
-    });
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&one_line(&e.to_string()));
-        cur = e.source();
     }
-    out
 }
 
 /// What the mapping needs to name things and report timeouts.
