@@ -34,10 +34,11 @@ use azure_storage_blob::models::{
     BlobClientRenewLeaseOptions, BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
+use leader_core::backend::{Call, FencedCas, ObjectWrite};
 use leader_core::{
-    ConfigError, Error, Expected, ExpiryModel, Fence, FencedObject, FencedStore, FencingToken,
-    LeaseBackend, LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing,
-    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    ConfigError, Error, Expected, ExpiryModel, Fence, FencedObject, FencingToken, LeaseBackend,
+    LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing, WriteKind,
+    WriteNonce, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -137,6 +138,7 @@ impl Fetched {
 }
 
 /// The precondition of an upload.
+#[derive(Clone, Copy)]
 enum Cond<'a> {
     /// `If-None-Match: *`: create only.
     Absent,
@@ -201,7 +203,7 @@ impl AzureLeaseStore {
     /// # Cancel safety
     /// Cancel-safe: at most the container is created, which a later call sees.
     pub async fn ensure_container(&self) -> Result<(), Error> {
-        let check = async {
+        let check = || async {
             match self.container.get_properties(None).await {
                 Ok(_) => Ok(()),
                 Err(e) if self.create_container && classify(&e) == Class::ContainerMissing => {
@@ -224,17 +226,17 @@ impl AzureLeaseStore {
         to_error(e, what, &self.container_name, effect)
     }
 
-    async fn bounded_read<T>(
-        &self,
-        operation: &'static str,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        tokio::time::timeout(self.request_timeout, work)
+    /// Runs a read (`attempt` makes one try) through the core's retry loop, within the
+    /// request timeout.
+    async fn bounded_read<T, F, Fut>(&self, operation: &'static str, attempt: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let mut attempt = attempt;
+        Call::read(operation, self.request_timeout)
+            .run(|_| attempt())
             .await
-            .map_err(|_| Error::Timeout {
-                operation,
-                after: self.request_timeout,
-            })?
     }
 
     async fn fetch(&self, blob: &BlobClient) -> Result<Option<Fetched>, azure_core::Error> {
@@ -795,10 +797,10 @@ impl LeaseBackend for AzureLeaseStore {
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        let blob = self.container.blob_client(&Self::lease_blob_name(key));
-        let work = async {
+        let blob = &self.container.blob_client(&Self::lease_blob_name(key));
+        let work = move || async move {
             let fetched = self
-                .fetch(&blob)
+                .fetch(blob)
                 .await
                 .map_err(|e| self.err(e, "reading the lease blob", Effect::Settled))?;
             let Some(f) = fetched else {
@@ -817,14 +819,14 @@ impl LeaseBackend for AzureLeaseStore {
     /// are checked in one request. If the lease is another's, broken, breaking, expired or
     /// released, the record is read again without the id and reported released.
     async fn read_for_term(&self, key: &LeaseKey, term: TermId) -> Result<Option<Stored>, Error> {
-        let blob = self.container.blob_client(&Self::lease_blob_name(key));
-        let work = async {
+        let blob = &self.container.blob_client(&Self::lease_blob_name(key));
+        let work = move || async move {
             let what = "re-reading the lease blob with the term's lease id";
-            let (fetched, ours) = match self.fetch_with(&blob, Some(term.to_guid())).await {
+            let (fetched, ours) = match self.fetch_with(blob, Some(term.to_guid())).await {
                 Ok(f) => (f, true),
                 Err(e) if classify(&e) == Class::Lost => {
                     let plain = self
-                        .fetch(&blob)
+                        .fetch(blob)
                         .await
                         .map_err(|e| self.err(e, what, Effect::Settled))?;
                     (plain, false)
@@ -870,72 +872,12 @@ impl LeaseBackend for AzureLeaseStore {
 }
 
 #[async_trait]
-impl FencedStore for AzureLeaseStore {
-    async fn fenced_write(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        value: &[u8],
-    ) -> Result<FencedObject, Error> {
-        let blob = self.container.blob_client(&Self::object_blob_name(object));
-        let work = async {
-            for _ in 0..CAS_ATTEMPTS {
-                let current = self
-                    .fetch(&blob)
-                    .await
-                    .map_err(|e| self.err(e, "reading the fenced object", Effect::Settled))?;
-                let cond = match &current {
-                    None => Cond::Absent,
-                    Some(f) => {
-                        let highest = fence_of(object, &f.headers)?;
-                        if highest > fence.token {
-                            return Err(Error::Fenced {
-                                object: object.to_string(),
-                                presented: fence.token,
-                                highest: Some(highest),
-                            });
-                        }
-                        Cond::Matches(&f.etag)
-                    }
-                };
-                let metadata = HashMap::from([(META_FENCE.to_owned(), fence.token.to_string())]);
-                match self
-                    .upload(&blob, value.to_vec(), metadata, cond, None)
-                    .await
-                {
-                    Ok(etag) => {
-                        return Ok(FencedObject {
-                            fence: fence.token,
-                            value: value.to_vec(),
-                            revision: Revision::new(etag),
-                        });
-                    }
-                    // Changed since we read it: read again and re-check the fence.
-                    Err(e) if classify(&e).is_conflict() => {}
-                    Err(e) => {
-                        return Err(self.err(e, "writing the fenced object", Effect::Unknown));
-                    }
-                }
-            }
-            Err(Error::unavailable(format!(
-                "the fenced object {object} kept changing"
-            )))
-        };
-        tokio::time::timeout(self.request_timeout, work)
-            .await
-            .map_err(|_| {
-                Error::indeterminate(format!(
-                    "the fenced write to {object} did not finish within {:?}",
-                    self.request_timeout
-                ))
-            })?
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        let blob = self.container.blob_client(&Self::object_blob_name(object));
-        let work = async {
+impl FencedCas for AzureLeaseStore {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        let blob = &self.container.blob_client(&Self::object_blob_name(object));
+        let work = move || async move {
             let fetched = self
-                .fetch(&blob)
+                .fetch(blob)
                 .await
                 .map_err(|e| self.err(e, "reading the fenced object", Effect::Settled))?;
             let Some(f) = fetched else {
@@ -948,6 +890,33 @@ impl FencedStore for AzureLeaseStore {
             }))
         };
         self.bounded_read("reading the fenced object", work).await
+    }
+
+    async fn put_fenced_if(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error> {
+        let blob = self.container.blob_client(&Self::object_blob_name(object));
+        let cond = match expected {
+            Expected::Absent => Cond::Absent,
+            Expected::Revision(etag) => Cond::Matches(etag.as_str()),
+        };
+        let metadata = HashMap::from([(META_FENCE.to_owned(), fence.token.to_string())]);
+        Call::write("writing the fenced object", self.request_timeout)
+            .run(|_| {
+                let upload = self.upload(&blob, value.to_vec(), metadata.clone(), cond, None);
+                async move {
+                    match upload.await {
+                        Ok(etag) => Ok(ObjectWrite::Written(Revision::new(etag))),
+                        Err(e) if classify(&e).is_conflict() => Ok(ObjectWrite::Conflict),
+                        Err(e) => Err(self.err(e, "writing the fenced object", Effect::Unknown)),
+                    }
+                }
+            })
+            .await
     }
 }
 

@@ -50,8 +50,10 @@
 //!
 //! # Guarantees and limits
 //! - Every call is bounded by the store's request timeout (default 1.5 s), and the SDK does
-//!   not retry: the lease logic in `leader-core` decides what to retry (the one exception, the
-//!   lease call of an acquire, is below). A write whose answer
+//!   not retry: reads and fenced uploads go through the core's one retry loop
+//!   ([`leader_core::backend::Call`]: throttling and unavailability only), and the lease
+//!   logic in `leader-core` decides what else to retry (the one exception, the lease call of
+//!   an acquire, is below). A write whose answer
 //!   is lost is reported as indeterminate and resolved by re-reading with the term's lease id:
 //!   the write counts only if the blob's lease is still that term's.
 //! - A lease call whose answer is lost is asked again with the same lease id (the service
@@ -63,8 +65,9 @@
 //! - Lease durations other than 15 to 60 whole seconds are rejected when the elector is
 //!   built ([`leader_core::LeaseBackend::check_timing`]).
 //! - Fenced writes to other blobs ([`leader_core::FencedStore`]) keep the writer's token in
-//!   the blob's metadata and write with `If-Match`, so a lower token never overwrites a higher
-//!   one.
+//!   the blob's metadata and write with `If-Match` on the ETag read (`If-None-Match: *` for a
+//!   new blob), so a lower token never overwrites a higher one, and a late upload never
+//!   overwrites a later one.
 
 mod auth;
 mod builder;

@@ -1,9 +1,11 @@
-//! The contract between the core and a store.
+//! The contract between the core and a store: what a backend author implements, and the
+//! helpers a backend uses ([`Call`] for its retries, [`encode_fenced`] for protected objects).
 
 use std::fmt;
 
 use async_trait::async_trait;
 
+pub use crate::call::{Backoff, Call, may_retry};
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
 use crate::model::{FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId};
@@ -239,19 +241,21 @@ pub struct FencedObject {
 
 /// Writes to objects in the same store that only the current leader may change.
 ///
-/// # Contract
-/// `fenced_write` applies only if no write with a higher token has been applied to the object
-/// (the object's recorded fence is at most `fence.token`), and records `fence.token` as the
-/// new fence, atomically, with the store's conditional-write primitive. A backend may check
-/// more (DynamoDB also checks, in one transaction, that the lease still has this holder and
-/// token). A rejected write is [`Error::Fenced`] and changes nothing.
+/// Implemented for every store that offers [`FencedCas`]: the fencing rule is the core's,
+/// written once. A fenced write reads the object, refuses with [`Error::Fenced`] if a higher
+/// token has written it, and otherwise writes the value and the writer's token as the new fence
+/// on the condition that the object is still the one it read; if another writer got there
+/// first, it reads again (a few rounds).
 #[async_trait]
 pub trait FencedStore: Send + Sync + fmt::Debug {
     /// Writes `value` to `object` if `fence` is not stale.
     ///
     /// # Errors
-    /// [`Error::Fenced`] if a higher token has written the object; any other [`Error`] for a
-    /// store failure (an [`Error::Indeterminate`] write may have been applied).
+    /// [`Error::Fenced`] if a higher token has written the object (or, on DynamoDB, if the lease
+    /// no longer has this holder and token); [`Error::MalformedRecord`] if the object was not
+    /// written by a fenced write; [`Error::Unavailable`] if the object kept changing under
+    /// the write; any other [`Error`] for a store failure (an [`Error::Indeterminate`] write
+    /// may have been applied).
     ///
     /// # Cancel safety
     /// Not cancel-safe: a cancelled write may still be applied.
@@ -270,4 +274,162 @@ pub trait FencedStore: Send + Sync + fmt::Debug {
     /// # Cancel safety
     /// Cancel-safe.
     async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error>;
+}
+
+/// Rounds of read-then-write a fenced write tries while other writers change the object.
+const FENCED_ROUNDS: usize = 4;
+
+#[async_trait]
+impl<S: FencedCas + ?Sized> FencedStore for S {
+    async fn fenced_write(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        value: &[u8],
+    ) -> Result<FencedObject, Error> {
+        for _ in 0..FENCED_ROUNDS {
+            let expected = match self.get_fenced(object).await? {
+                Some(current) if current.fence > fence.token => {
+                    return Err(Error::Fenced {
+                        object: object.to_string(),
+                        presented: fence.token,
+                        highest: Some(current.fence),
+                    });
+                }
+                Some(current) => Expected::Revision(current.revision),
+                None => Expected::Absent,
+            };
+            match self.put_fenced_if(fence, object, &expected, value).await? {
+                ObjectWrite::Written(revision) => {
+                    return Ok(FencedObject {
+                        fence: fence.token,
+                        value: value.to_vec(),
+                        revision,
+                    });
+                }
+                // Changed since we read it: read again and re-check the fence.
+                ObjectWrite::Conflict => {}
+            }
+        }
+        Err(Error::unavailable(format!(
+            "the protected object {object} changed under {FENCED_ROUNDS} fenced writes in a row; \
+             try again"
+        )))
+    }
+
+    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.get_fenced(object).await
+    }
+}
+
+/// The outcome of a conditional write of a protected object that the store answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObjectWrite {
+    /// Written; the object's new revision.
+    Written(Revision),
+    /// The object was not as expected; nothing was written.
+    Conflict,
+}
+
+/// A store's compare-and-swap on protected objects: the primitive under [`FencedStore`].
+///
+/// # Contract
+/// 1. [`get_fenced`](Self::get_fenced) returns the object's fence (the token of the write that
+///    made it), value and a revision that changes on every applied write.
+/// 2. [`put_fenced_if`](Self::put_fenced_if) stores `value` with `fence.token` as the object's
+///    fence only if the object is as `expected` at the instant the write applies, atomically
+///    (the store's conditional write: a generation, an ETag, a condition expression). A failed
+///    condition is [`ObjectWrite::Conflict`] and writes nothing; an unknown outcome is
+///    [`Error::Indeterminate`]; any other error promises that nothing was written. Never
+///    retry it blindly: a late retry must still carry its condition.
+/// 3. It may check more in the same atomic write (DynamoDB also checks that the lease still
+///    has this holder and token) and refuse with [`Error::Fenced`].
+///
+/// The fencing rule itself (refuse a token below the object's fence, re-read on a conflict)
+/// is the core's, in the [`FencedStore`] implementation every `FencedCas` gets.
+#[async_trait]
+pub trait FencedCas: Send + Sync + fmt::Debug {
+    /// Reads a protected object, or `None` if there is none.
+    ///
+    /// # Errors
+    /// [`Error::MalformedRecord`] naming the object if it was not written by a fenced write;
+    /// any other [`Error`] for a store failure.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error>;
+
+    /// Writes `value` with `fence.token` as the fence if `object` is as `expected`.
+    ///
+    /// # Errors
+    /// [`Error::Indeterminate`] if the write may have been applied; [`Error::Fenced`] if the
+    /// store checked the lease too and it is no longer the fence's; any other error means it
+    /// was not applied.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a cancelled write may still be applied (with its condition).
+    async fn put_fenced_if(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error>;
+}
+
+/// The first line of a protected object stored as bytes, before the token.
+const FENCE_HEADER: &str = "leader-fence v1 ";
+
+/// A protected object as bytes, for stores that keep the fence in the body (the file store,
+/// GCS): the line `leader-fence v1 <token>`, then the value.
+pub fn encode_fenced(token: FencingToken, value: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("{FENCE_HEADER}{token}\n").into_bytes();
+    bytes.extend_from_slice(value);
+    bytes
+}
+
+/// Reads what [`encode_fenced`] wrote; `name` names the object in errors, `revision` is the
+/// store's revision of these bytes.
+///
+/// # Errors
+/// [`Error::MalformedRecord`] naming the object if the bytes do not start with a fence line.
+pub fn decode_fenced(name: &str, bytes: &[u8], revision: Revision) -> Result<FencedObject, Error> {
+    let malformed = |detail: &str| Error::MalformedRecord {
+        key: name.to_owned(),
+        detail: format!("{detail}; it was not written by a fenced write"),
+    };
+    let newline = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| malformed("it has no fence line"))?;
+    let token = std::str::from_utf8(&bytes[..newline])
+        .ok()
+        .and_then(|line| line.strip_prefix(FENCE_HEADER))
+        .and_then(|t| t.parse::<u64>().ok())
+        .ok_or_else(|| malformed("its first line is not `leader-fence v1 <token>`"))?;
+    Ok(FencedObject {
+        fence: FencingToken(token),
+        value: bytes[newline + 1..].to_vec(),
+        revision,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fenced_body_round_trips_and_a_damaged_one_names_the_object() {
+        let rev = Revision::new("r");
+        let bytes = encode_fenced(FencingToken(7), b"pay\nload");
+        let ok = decode_fenced("o", &bytes, rev.clone()).unwrap();
+        assert_eq!(
+            (ok.fence, ok.value, ok.revision),
+            (FencingToken(7), b"pay\nload".to_vec(), rev.clone())
+        );
+        for damaged in [&b"nonsense"[..], b"leader-fence v1 x\n", b"other 7\nv"] {
+            let err = decode_fenced("orders", damaged, rev.clone()).unwrap_err();
+            assert!(err.to_string().contains("orders"), "{err}");
+        }
+    }
 }

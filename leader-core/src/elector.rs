@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::{Fence, LeaseBackend};
+use crate::call::Backoff;
 use crate::clock::Anchor;
 use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error, ErrorKind};
@@ -653,35 +654,6 @@ fn is_permanent(e: &Error) -> bool {
     !e.is_retryable() && e.kind() != ErrorKind::MalformedRecord
 }
 
-/// Exponential backoff with jitter in `[d/2, d]`.
-#[derive(Debug)]
-struct Backoff {
-    base: Duration,
-    cap: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(base: Duration, cap: Duration) -> Self {
-        let base = base.max(Duration::from_millis(1)).min(cap);
-        Self {
-            base,
-            cap,
-            next: base,
-        }
-    }
-
-    fn next(&mut self, rng: &mut Rng) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.cap);
-        rng.duration(d / 2, d)
-    }
-
-    fn reset(&mut self) {
-        self.next = self.base;
-    }
-}
-
 enum FollowEnd {
     /// The grant, and the anchor taken before the acquiring write was sent.
     Acquired(Grant, Anchor),
@@ -739,7 +711,7 @@ impl Driver {
     /// Campaigns until this candidate holds the lease or shutdown begins.
     async fn follow(&mut self) -> FollowEnd {
         let retry = self.real(self.timing.retry_every);
-        let mut backoff = Backoff::new(retry / 4, retry);
+        let mut backoff = Backoff::new(retry / 4, retry).pauses();
         let mut failing = false;
         loop {
             if self.shared.shutdown.is_cancelled() {
@@ -880,7 +852,7 @@ impl Driver {
             // apart), so that a store throttling a share of requests does not cost the term;
             // every attempt is bounded by the deadline anyway.
             let rt = self.real(self.timing.request_timeout);
-            let mut backoff = Backoff::new(rt / 8, rt / 2);
+            let mut backoff = Backoff::new(rt / 8, rt / 2).pauses();
             let mut attempts = 0u32;
             loop {
                 attempts += 1;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind, WriteOutcome,
-    WriteRequest,
+    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteKind,
+    WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
 };
 use crate::error::Error;
 use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
@@ -338,35 +338,29 @@ impl FileStore {
         }))
     }
 
-    /// The fenced write, on a blocking thread; `rng` names the temporary files.
-    fn fenced_write_blocking(
+    /// The conditional write of a protected object, on a blocking thread, under the object's
+    /// lock; `rng` names the temporary files.
+    fn put_fenced_blocking(
         &self,
         token: FencingToken,
         object: &ObjectName,
-        value: Vec<u8>,
+        expected: &Expected,
+        value: &[u8],
         rng: &mut Rng,
-    ) -> Result<FencedObject, Error> {
+    ) -> Result<ObjectWrite, Error> {
         let path = self.object_path(object);
-        let name = object.to_string();
         let _lock = lock(&lock_path(&path), self.lock_wait, self.file_mode)?;
-        if let Some(bytes) = read_optional(&path)? {
-            let current = decode_object(&name, &bytes)?;
-            if current.fence > token {
-                return Err(Error::Fenced {
-                    object: name,
-                    presented: token,
-                    highest: Some(current.fence),
-                });
-            }
+        let current = read_optional(&path)?.map(|bytes| revision_of(&bytes));
+        let matches = match expected {
+            Expected::Absent => current.is_none(),
+            Expected::Revision(r) => current.as_ref() == Some(r),
+        };
+        if !matches {
+            return Ok(ObjectWrite::Conflict);
         }
-        let mut bytes = format!("{FENCE_HEADER}{token}\n").into_bytes();
-        bytes.extend_from_slice(&value);
+        let bytes = encode_fenced(token, value);
         replace(&path, &bytes, self.file_mode, rng)?;
-        Ok(FencedObject {
-            fence: token,
-            value,
-            revision: revision_of(&bytes),
-        })
+        Ok(ObjectWrite::Written(revision_of(&bytes)))
     }
 }
 
@@ -663,55 +657,31 @@ impl LeaseBackend for FileStore {
     }
 }
 
-const FENCE_HEADER: &str = "leader-fence v1 ";
-
-fn decode_object(name: &str, bytes: &[u8]) -> Result<FencedObject, Error> {
-    let malformed = |detail: &str| Error::MalformedRecord {
-        key: name.to_owned(),
-        detail: detail.to_owned(),
-    };
-    let newline = bytes
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| malformed("no header line"))?;
-    let header =
-        std::str::from_utf8(&bytes[..newline]).map_err(|_| malformed("header is not UTF-8"))?;
-    let token = header
-        .strip_prefix(FENCE_HEADER)
-        .and_then(|t| t.parse::<u64>().ok())
-        .ok_or_else(|| malformed("header is not `leader-fence v1 <token>`"))?;
-    Ok(FencedObject {
-        fence: FencingToken(token),
-        value: bytes[newline + 1..].to_vec(),
-        revision: revision_of(bytes),
-    })
-}
-
 #[async_trait]
-impl FencedStore for FileStore {
-    async fn fenced_write(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        value: &[u8],
-    ) -> Result<FencedObject, Error> {
-        let store = self.clone();
-        let object = object.clone();
-        let token = fence.token;
-        let value = value.to_vec();
-        self.blocking(move || {
-            store.fenced_write_blocking(token, &object, value, &mut Rng::from_entropy())
-        })
-        .await
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+impl FencedCas for FileStore {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
         let path = self.object_path(object);
         let name = object.to_string();
         self.blocking(move || {
             read_optional(&path)?
-                .map(|bytes| decode_object(&name, &bytes))
+                .map(|bytes| decode_fenced(&name, &bytes, revision_of(&bytes)))
                 .transpose()
+        })
+        .await
+    }
+
+    async fn put_fenced_if(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error> {
+        let store = self.clone();
+        let (object, expected, value) = (object.clone(), expected.clone(), value.to_vec());
+        let token = fence.token;
+        self.blocking(move || {
+            store.put_fenced_blocking(token, &object, &expected, &value, &mut Rng::from_entropy())
         })
         .await
     }
@@ -939,14 +909,5 @@ mod tests {
         assert!(err.is_retryable(), "{err}");
         drop(held);
         assert!(lock(&p, Duration::from_millis(20), 0o600).is_ok());
-    }
-
-    #[test]
-    fn damaged_fenced_object_names_the_object() {
-        let err = decode_object("orders", b"nonsense").unwrap_err();
-        assert!(err.to_string().contains("orders"), "{err}");
-        let ok = decode_object("o", b"leader-fence v1 7\npayload").unwrap();
-        assert_eq!(ok.fence, FencingToken(7));
-        assert_eq!(ok.value, b"payload");
     }
 }

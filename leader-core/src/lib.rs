@@ -50,7 +50,8 @@
 //! # }
 //! ```
 
-mod backend;
+pub mod backend;
+mod call;
 mod clock;
 mod config;
 mod elector;

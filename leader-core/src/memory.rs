@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind, WriteOutcome,
-    WriteRequest,
+    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteKind,
+    WriteOutcome, WriteRequest,
 };
 use crate::error::Error;
 use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
@@ -123,35 +123,36 @@ impl LeaseBackend for MemoryStore {
 }
 
 #[async_trait]
-impl FencedStore for MemoryStore {
-    async fn fenced_write(
+impl FencedCas for MemoryStore {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        Ok(self.lock().objects.get(object.as_str()).cloned())
+    }
+
+    async fn put_fenced_if(
         &self,
         fence: &Fence,
         object: &ObjectName,
+        expected: &Expected,
         value: &[u8],
-    ) -> Result<FencedObject, Error> {
+    ) -> Result<ObjectWrite, Error> {
         let mut state = self.lock();
-        if let Some(current) = state.objects.get(object.as_str())
-            && current.fence > fence.token
-        {
-            return Err(Error::Fenced {
-                object: object.to_string(),
-                presented: fence.token,
-                highest: Some(current.fence),
-            });
-        }
-        let written = FencedObject {
-            fence: fence.token,
-            value: value.to_vec(),
-            revision: state.revision(),
+        let current = state.objects.get(object.as_str()).map(|o| &o.revision);
+        let matches = match expected {
+            Expected::Absent => current.is_none(),
+            Expected::Revision(r) => current == Some(r),
         };
-        state
-            .objects
-            .insert(object.as_str().to_owned(), written.clone());
-        Ok(written)
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        Ok(self.lock().objects.get(object.as_str()).cloned())
+        if !matches {
+            return Ok(ObjectWrite::Conflict);
+        }
+        let revision = state.revision();
+        state.objects.insert(
+            object.as_str().to_owned(),
+            FencedObject {
+                fence: fence.token,
+                value: value.to_vec(),
+                revision: revision.clone(),
+            },
+        );
+        Ok(ObjectWrite::Written(revision))
     }
 }

@@ -6,7 +6,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use leader_core::{Error, Timing};
 
-use crate::client::{Backoff, DynamoStore};
+use leader_core::backend::Backoff;
+
+use crate::client::DynamoStore;
 use crate::error::Context;
 
 /// Builds a [`DynamoStore`]: `new()` or [`from_env`](DynamoBuilder::from_env), typed `with_*`

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -21,18 +20,16 @@ use aws_sdk_dynamodb::types::{
     ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
     TransactWriteItem, Update,
 };
+use leader_core::backend::{Backoff, Call, FencedCas, ObjectWrite};
 use leader_core::{
-    ConfigError, Error, ErrorKind, Expected, Fence, FencedObject, FencedStore, FencingToken,
-    HolderId, LeaseBackend, LeaseKey, LeaseRecord, LeaseState, Metadata, ObjectName, RecordParts,
-    Revision, Stored, Timing, WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, HolderId, LeaseBackend,
+    LeaseKey, LeaseRecord, LeaseState, Metadata, ObjectName, RecordParts, Revision, Stored, Timing,
+    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::error::{
-    AcquireCancelled, Context, DynamoError, Op, Reason, map_cancelled, map_cancelled_acquire,
-    map_sdk,
-};
+use crate::error::{Context, DynamoError, Op, Reason, failed_condition, map_sdk};
 
 /// Prefix of the partition key of a lease item: `lease#<key>`.
 pub const LEASE_PREFIX: &str = "lease#";
@@ -70,72 +67,10 @@ pub(crate) mod attr {
 const HELD: &str = "held";
 const RELEASED: &str = "released";
 
-/// Capped, jittered backoff between the attempts of one call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Backoff {
-    pub(crate) first: Duration,
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    pub(crate) const DEFAULT: Backoff = Backoff {
-        first: Duration::from_millis(20),
-        max: Duration::from_millis(250),
-    };
-}
-
 /// A random `u64` without a dependency: `RandomState` is seeded randomly per process.
 fn random_u64() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Whether an error of `op` may be retried within the same call. A write is retried only
-/// when DynamoDB said it did not apply it (throttling); anything ambiguous goes back to the
-/// core, which re-reads.
-fn retry_within_call(op: Op, error: &Error) -> bool {
-    match op {
-        Op::Write | Op::FencedWrite => error.kind() == ErrorKind::Throttled,
-        Op::Read | Op::Table => {
-            matches!(error.kind(), ErrorKind::Throttled | ErrorKind::Unavailable)
-        }
-    }
-}
-
-/// Runs `attempt` (given the time left) until it succeeds, fails for good, or the next attempt
-/// would not fit in `budget`. The SDK's own retries are off, so this is the only retry loop.
-pub(crate) async fn with_retries<T, F, Fut>(
-    op: Op,
-    budget: Duration,
-    backoff: Backoff,
-    mut attempt: F,
-) -> Result<T, Error>
-where
-    F: FnMut(Duration) -> Fut,
-    Fut: Future<Output = Result<T, Error>>,
-{
-    let deadline = Instant::now() + budget;
-    // An attempt with less time than this is not worth starting.
-    let least = budget / 4;
-    let mut delay = backoff.first;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let error = match attempt(remaining).await {
-            Ok(value) => return Ok(value),
-            Err(e) => e,
-        };
-        // Full jitter over the upper half of the delay.
-        let half = delay / 2;
-        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let pause = half + Duration::from_nanos(random_u64() % nanos);
-        let resume = Instant::now() + pause;
-        if !retry_within_call(op, &error) || resume + least >= deadline {
-            return Err(error);
-        }
-        debug!(error = %error, ?pause, "retrying within the request budget");
-        tokio::time::sleep_until(resume).await;
-        delay = (delay * 2).min(backoff.max);
-    }
 }
 
 /// A DynamoDB table of lease items and fenced objects. Build it with
@@ -221,14 +156,12 @@ impl LeaseUpdate {
     }
 }
 
-/// Why an acquiring transaction was cancelled, with the item DynamoDB returned for the
-/// failed condition.
+/// A transaction that DynamoDB cancelled because an item's condition failed: which item (by
+/// position in the transaction), and the item as DynamoDB returned it.
 #[derive(Debug)]
-enum Cancelled {
-    /// The lease item is not as expected; the item as it is.
-    Lease(Option<Item>),
-    /// The token high-water mark is not below the token; the mark item.
-    Mark(Option<Item>),
+struct ConditionFailed {
+    item: usize,
+    returned: Option<Item>,
 }
 
 /// The outcome of a lease write whose condition failed, given the item DynamoDB returned: if
@@ -408,6 +341,59 @@ impl DynamoStore {
             )
     }
 
+    /// The retry policy of one call of `op` within `budget`: the core's, with this store's
+    /// backoff.
+    fn call(&self, op: Op, budget: Duration) -> Call {
+        let call = if op.mutates() {
+            Call::write(op.name(), budget)
+        } else {
+            Call::read(op.name(), budget)
+        };
+        call.with_backoff(self.backoff)
+    }
+
+    /// Sends one `TransactWriteItems`; a transaction cancelled for a failed condition is
+    /// `Ok(Err(_))` naming the item, any other cancellation an error (`what` names the
+    /// transaction in it).
+    async fn transact(
+        &self,
+        op: Op,
+        what: &'static str,
+        budget: Duration,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Result<(), ConditionFailed>, Error> {
+        self.call(op, budget)
+            .run(|left| {
+                let items = items.clone();
+                async move {
+                    let Err(e) = self
+                        .client
+                        .transact_write_items()
+                        .set_transact_items(Some(items))
+                        .customize()
+                        .config_override(Self::attempt_config(left))
+                        .send()
+                        .await
+                    else {
+                        return Ok(Ok(()));
+                    };
+                    let Some(TransactWriteItemsError::TransactionCanceledException(t)) =
+                        e.as_service_error()
+                    else {
+                        return Err(map_sdk(op, &self.ctx, e));
+                    };
+                    let item = failed_condition(what, &self.ctx, &reasons_of(t))?;
+                    let returned = t
+                        .cancellation_reasons()
+                        .get(item)
+                        .and_then(|r| r.item())
+                        .cloned();
+                    Ok(Err(ConditionFailed { item, returned }))
+                }
+            })
+            .await
+    }
+
     fn pk(&self, prefix: &str, name: &str) -> (String, AttributeValue) {
         (
             self.partition_key.clone(),
@@ -416,23 +402,24 @@ impl DynamoStore {
     }
 
     async fn get(&self, pk: (String, AttributeValue)) -> Result<Option<Item>, Error> {
-        with_retries(Op::Read, self.ctx.request_timeout, self.backoff, |left| {
-            let pk = pk.clone();
-            async move {
-                self.client
-                    .get_item()
-                    .table_name(&self.ctx.table)
-                    .key(pk.0, pk.1)
-                    .consistent_read(true)
-                    .customize()
-                    .config_override(Self::attempt_config(left))
-                    .send()
-                    .await
-                    .map(|out| out.item)
-                    .map_err(|e| map_sdk(Op::Read, &self.ctx, e))
-            }
-        })
-        .await
+        self.call(Op::Read, self.ctx.request_timeout)
+            .run(|left| {
+                let pk = pk.clone();
+                async move {
+                    self.client
+                        .get_item()
+                        .table_name(&self.ctx.table)
+                        .key(pk.0, pk.1)
+                        .consistent_read(true)
+                        .customize()
+                        .config_override(Self::attempt_config(left))
+                        .send()
+                        .await
+                        .map(|out| out.item)
+                        .map_err(|e| map_sdk(Op::Read, &self.ctx, e))
+                }
+            })
+            .await
     }
 
     async fn read_lease(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
@@ -523,35 +510,37 @@ impl DynamoStore {
         }
         // Renews and releases keep the token: one `UpdateItem` of the lease item, the mark
         // is not touched.
-        let outcome = with_retries(Op::Write, self.ctx.request_timeout, self.backoff, |left| {
-            let lease = lease.clone();
-            async move {
-                self.client
-                    .update_item()
-                    .table_name(&self.ctx.table)
-                    .key(lease.pk.0, lease.pk.1)
-                    .update_expression(LEASE_UPDATE)
-                    .condition_expression(lease.condition)
-                    .set_expression_attribute_names(Some(lease.names))
-                    .set_expression_attribute_values(Some(lease.values))
-                    .return_values(ReturnValue::AllNew)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .customize()
-                    .config_override(Self::attempt_config(left))
-                    .send()
-                    .await
-                    .map(|out| Ok(out.attributes))
-                    .or_else(|e| match e.as_service_error() {
-                        Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                            Ok(Err(c.item().cloned()))
-                        }
-                        _ => Err(map_sdk(Op::Write, &self.ctx, e)),
-                    })
-            }
-        })
-        .await?;
+        let outcome = self
+            .call(Op::Write, self.ctx.request_timeout)
+            .run(|left| {
+                let lease = lease.clone();
+                async move {
+                    self.client
+                        .update_item()
+                        .table_name(&self.ctx.table)
+                        .key(lease.pk.0, lease.pk.1)
+                        .update_expression(LEASE_UPDATE)
+                        .condition_expression(lease.condition)
+                        .set_expression_attribute_names(Some(lease.names))
+                        .set_expression_attribute_values(Some(lease.values))
+                        .return_values(ReturnValue::AllNew)
+                        .return_values_on_condition_check_failure(
+                            ReturnValuesOnConditionCheckFailure::AllOld,
+                        )
+                        .customize()
+                        .config_override(Self::attempt_config(left))
+                        .send()
+                        .await
+                        .map(|out| Ok(out.attributes))
+                        .or_else(|e| match e.as_service_error() {
+                            Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                                Ok(Err(c.item().cloned()))
+                            }
+                            _ => Err(map_sdk(Op::Write, &self.ctx, e)),
+                        })
+                }
+            })
+            .await?;
         Ok(match outcome {
             Ok(Some(new)) => WriteOutcome::Written(
                 parse_lease(key, &new).unwrap_or_else(|_| lease.written(&record)),
@@ -599,9 +588,11 @@ impl DynamoStore {
                     }
                     return Ok(WriteOutcome::Written(lease.written(&record)));
                 }
-                Err(Cancelled::Lease(old)) => return Ok(conflict_or_ours(key, &record, old)),
-                Err(Cancelled::Mark(item)) => {
-                    let high = match item {
+                Err(ConditionFailed { item: 0, returned }) => {
+                    return Ok(conflict_or_ours(key, &record, returned));
+                }
+                Err(ConditionFailed { returned, .. }) => {
+                    let high = match returned {
                         Some(item) => Some(parse_mark(key, &item)?),
                         // DynamoDB did not return the mark: read it.
                         None => self.read_mark(key).await?,
@@ -631,14 +622,14 @@ impl DynamoStore {
     }
 
     /// Sends one acquiring transaction (see [`acquire_lease`](Self::acquire_lease)) with
-    /// `token` as the new term's token, retrying only what DynamoDB cancelled for throttling.
+    /// `token` as the new term's token: item 0 is the lease, item 1 the mark.
     async fn transact_acquire(
         &self,
         key: &str,
         lease: &LeaseUpdate,
         token: FencingToken,
         budget: Duration,
-    ) -> Result<Result<(), Cancelled>, Error> {
+    ) -> Result<Result<(), ConditionFailed>, Error> {
         let build = |e: aws_sdk_dynamodb::error::BuildError| {
             Error::backend("building the acquiring transaction", e)
         };
@@ -677,39 +668,8 @@ impl DynamoStore {
             TransactWriteItem::builder().update(lease_item).build(),
             TransactWriteItem::builder().update(mark_item).build(),
         ];
-        with_retries(Op::Write, budget, self.backoff, |left| {
-            let items = items.clone();
-            async move {
-                match self
-                    .client
-                    .transact_write_items()
-                    .set_transact_items(Some(items))
-                    .customize()
-                    .config_override(Self::attempt_config(left))
-                    .send()
-                    .await
-                {
-                    Ok(_) => Ok(Ok(())),
-                    Err(e) => match e.as_service_error() {
-                        Some(TransactWriteItemsError::TransactionCanceledException(t)) => {
-                            let returned = |i: usize| {
-                                t.cancellation_reasons()
-                                    .get(i)
-                                    .and_then(|r| r.item())
-                                    .cloned()
-                            };
-                            match map_cancelled_acquire(&self.ctx, &reasons_of(t)) {
-                                AcquireCancelled::Lease => Ok(Err(Cancelled::Lease(returned(0)))),
-                                AcquireCancelled::Mark => Ok(Err(Cancelled::Mark(returned(1)))),
-                                AcquireCancelled::Failed(e) => Err(e),
-                            }
-                        }
-                        _ => Err(map_sdk(Op::Write, &self.ctx, e)),
-                    },
-                }
-            }
-        })
-        .await
+        self.transact(Op::Write, "acquiring transaction", budget, items)
+            .await
     }
 
     /// Reads the token high-water mark of lease `key`, if it has one.
@@ -718,12 +678,16 @@ impl DynamoStore {
         item.map(|item| parse_mark(key, &item)).transpose()
     }
 
+    /// The conditional write of a protected object: one `TransactWriteItems` of a
+    /// `ConditionCheck` that the lease still has the fence's holder and token (item 0) and the
+    /// object's update on condition that it is as `expected` (item 1).
     async fn transact_fenced(
         &self,
         fence: &Fence,
         object: &ObjectName,
+        expected: &Expected,
         value: &[u8],
-    ) -> Result<FencedObject, Error> {
+    ) -> Result<ObjectWrite, Error> {
         let build = |e: aws_sdk_dynamodb::error::BuildError| {
             Error::backend("building the fenced transaction", e)
         };
@@ -753,94 +717,85 @@ impl DynamoStore {
             .build()
             .map_err(build)?;
         let object_rev = format!("{:016x}", random_u64());
+        let mut attr_names = names(&[
+            ("#fence", attr::FENCE),
+            ("#value", attr::VALUE),
+            ("#orev", attr::OBJECT_REV),
+        ]);
+        let mut values = HashMap::from([
+            (":token".to_owned(), token),
+            (
+                ":value".to_owned(),
+                AttributeValue::B(Blob::new(value.to_vec())),
+            ),
+            (":orev".to_owned(), AttributeValue::S(object_rev.clone())),
+        ]);
+        let condition = match expected {
+            Expected::Absent => {
+                attr_names.insert("#pk".to_owned(), self.partition_key.clone());
+                "attribute_not_exists(#pk)"
+            }
+            Expected::Revision(r) => {
+                values.insert(
+                    ":expected".to_owned(),
+                    AttributeValue::S(r.as_str().to_owned()),
+                );
+                "#orev = :expected"
+            }
+        };
         let update = Update::builder()
             .table_name(&self.ctx.table)
             .key(object_pk.0, object_pk.1)
             .update_expression("SET #fence = :token, #value = :value, #orev = :orev")
-            .condition_expression("attribute_not_exists(#pk) OR #fence <= :token")
-            .set_expression_attribute_names(Some(names(&[
-                ("#pk", &self.partition_key),
-                ("#fence", attr::FENCE),
-                ("#value", attr::VALUE),
-                ("#orev", attr::OBJECT_REV),
-            ])))
-            .set_expression_attribute_values(Some(HashMap::from([
-                (":token".to_owned(), token),
-                (
-                    ":value".to_owned(),
-                    AttributeValue::B(Blob::new(value.to_vec())),
-                ),
-                (":orev".to_owned(), AttributeValue::S(object_rev.clone())),
-            ])))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(attr_names))
+            .set_expression_attribute_values(Some(values))
             .build()
             .map_err(build)?;
         let items = vec![
             TransactWriteItem::builder().condition_check(check).build(),
             TransactWriteItem::builder().update(update).build(),
         ];
-        with_retries(
-            Op::FencedWrite,
-            self.ctx.request_timeout,
-            self.backoff,
-            |left| {
-                let items = items.clone();
-                async move {
-                    match self
-                        .client
-                        .transact_write_items()
-                        .set_transact_items(Some(items))
-                        .customize()
-                        .config_override(Self::attempt_config(left))
-                        .send()
-                        .await
-                    {
-                        Ok(_) => Ok(()),
-                        Err(e) => match e.as_service_error() {
-                            Some(TransactWriteItemsError::TransactionCanceledException(t)) => {
-                                let reasons = t.cancellation_reasons();
-                                let highest = reasons
-                                    .get(1)
-                                    .and_then(|r| r.item())
-                                    .and_then(|item| parse_object(object.as_str(), item).ok())
-                                    .map(|o| o.fence);
-                                Err(map_cancelled(
-                                    &self.ctx,
-                                    object.as_str(),
-                                    fence.token,
-                                    &reasons_of(t),
-                                    highest,
-                                ))
-                            }
-                            _ => Err(map_sdk(Op::FencedWrite, &self.ctx, e)),
-                        },
-                    }
+        let budget = self.ctx.request_timeout;
+        Ok(
+            match self
+                .transact(Op::FencedWrite, "fenced transaction", budget, items)
+                .await?
+            {
+                Ok(()) => ObjectWrite::Written(Revision::new(object_rev)),
+                // The lease is no longer this holder's term.
+                Err(ConditionFailed { item: 0, returned }) => {
+                    let lease_token = returned
+                        .and_then(|item| parse_lease(fence.key.as_str(), &item).ok())
+                        .map(|stored| stored.record.token);
+                    return Err(Error::Fenced {
+                        object: object.to_string(),
+                        presented: fence.token,
+                        highest: lease_token.filter(|t| *t > fence.token),
+                    });
                 }
+                Err(ConditionFailed { .. }) => ObjectWrite::Conflict,
             },
         )
-        .await?;
-        Ok(FencedObject {
-            fence: fence.token,
-            value: value.to_vec(),
-            revision: Revision::new(object_rev),
-        })
     }
 
     /// Checks that the table exists with the right key schema; creates it (on-demand billing)
     /// if it is missing and `create` is set.
     pub(crate) async fn ensure_table(&self, create: bool, wait: Duration) -> Result<(), Error> {
         let budget = self.ctx.request_timeout.max(Duration::from_secs(5));
-        let described = with_retries(Op::Table, budget, self.backoff, |left| async move {
-            self.client
-                .describe_table()
-                .table_name(&self.ctx.table)
-                .customize()
-                .config_override(Self::attempt_config(left))
-                .send()
-                .await
-                .map_err(|e| map_sdk(Op::Table, &self.ctx, e))
-        })
-        .await;
+        let described = self
+            .call(Op::Table, budget)
+            .run(|left| async move {
+                self.client
+                    .describe_table()
+                    .table_name(&self.ctx.table)
+                    .customize()
+                    .config_override(Self::attempt_config(left))
+                    .send()
+                    .await
+                    .map_err(|e| map_sdk(Op::Table, &self.ctx, e))
+            })
+            .await;
         let table = match described {
             Ok(out) => out.table,
             Err(Error::NotFound { .. }) if create => {
@@ -985,20 +940,21 @@ impl LeaseBackend for DynamoStore {
 }
 
 #[async_trait]
-impl FencedStore for DynamoStore {
-    async fn fenced_write(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        value: &[u8],
-    ) -> Result<FencedObject, Error> {
-        self.transact_fenced(fence, object, value).await
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+impl FencedCas for DynamoStore {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
         let item = self.get(self.pk(OBJECT_PREFIX, object.as_str())).await?;
         item.map(|item| parse_object(object.as_str(), &item))
             .transpose()
+    }
+
+    async fn put_fenced_if(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error> {
+        self.transact_fenced(fence, object, expected, value).await
     }
 }
 
@@ -1006,91 +962,8 @@ impl FencedStore for DynamoStore {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
 
-    use std::sync::atomic::AtomicU32;
-
     use super::*;
-
-    fn throttled() -> Error {
-        Error::Throttled {
-            message: "ThrottlingException".to_owned(),
-            source: None,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn throttled_writes_are_retried_within_the_budget() {
-        let calls = AtomicU32::new(0);
-        let start = Instant::now();
-        let budget = Duration::from_millis(500);
-        let out = with_retries(Op::Write, budget, Backoff::DEFAULT, |left| {
-            let n = calls.fetch_add(1, Ordering::Relaxed);
-            async move {
-                assert!(left <= budget);
-                if n < 3 { Err(throttled()) } else { Ok(n) }
-            }
-        })
-        .await
-        .unwrap();
-        assert_eq!(out, 3);
-        assert!(start.elapsed() < budget, "{:?}", start.elapsed());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn endless_throttling_gives_up_before_the_deadline() {
-        let calls = AtomicU32::new(0);
-        let start = Instant::now();
-        let budget = Duration::from_millis(500);
-        let err = with_retries(Op::Write, budget, Backoff::DEFAULT, |_| {
-            calls.fetch_add(1, Ordering::Relaxed);
-            // Each attempt takes a while, as a throttled call over the network does.
-            async {
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                Err::<(), _>(throttled())
-            }
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Throttled);
-        assert!(start.elapsed() <= budget, "{:?}", start.elapsed());
-        assert!(calls.load(Ordering::Relaxed) >= 3);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn ambiguous_or_unknown_write_failures_are_never_retried() {
-        let errors: [fn() -> Error; 3] = [
-            || Error::indeterminate("timed out"),
-            || Error::unavailable("reset"),
-            || Error::backend("odd", "x"),
-        ];
-        for error in errors {
-            let calls = AtomicU32::new(0);
-            let err = with_retries(Op::Write, Duration::from_secs(1), Backoff::DEFAULT, |_| {
-                calls.fetch_add(1, Ordering::Relaxed);
-                async move { Err::<(), _>(error()) }
-            })
-            .await
-            .unwrap_err();
-            assert_eq!(calls.load(Ordering::Relaxed), 1, "{err}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn reads_retry_unavailable() {
-        let calls = AtomicU32::new(0);
-        let out = with_retries(Op::Read, Duration::from_secs(1), Backoff::DEFAULT, |_| {
-            let n = calls.fetch_add(1, Ordering::Relaxed);
-            async move {
-                if n == 0 {
-                    Err(Error::unavailable("reset"))
-                } else {
-                    Ok(n)
-                }
-            }
-        })
-        .await
-        .unwrap();
-        assert_eq!(out, 1);
-    }
+    use leader_core::ErrorKind;
 
     fn item(pairs: &[(&str, AttributeValue)]) -> Item {
         pairs

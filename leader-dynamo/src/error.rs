@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use leader_core::{BoxError, Error, FencingToken};
+use leader_core::{BoxError, Error};
 
 /// What the failed call was doing; decides whether an unknown outcome may have changed data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Read => "reading from DynamoDB",
             Op::Write => "a conditional write to DynamoDB",
@@ -35,7 +35,7 @@ impl Op {
     }
 
     /// Whether the call may have changed data if its outcome is unknown.
-    fn mutates(self) -> bool {
+    pub(crate) fn mutates(self) -> bool {
         matches!(self, Op::Write | Op::FencedWrite)
     }
 }
@@ -367,53 +367,21 @@ fn cancelled_otherwise(what: &str, ctx: &Context, reasons: &[Reason]) -> Error {
     }
 }
 
-/// The error of a fenced-write transaction that DynamoDB cancelled; `reasons` are in the
-/// order of the transaction's items, `highest` is the object's fence if it was returned.
-pub(crate) fn map_cancelled(
-    ctx: &Context,
-    object: &str,
-    presented: FencingToken,
-    reasons: &[Reason],
-    highest: Option<FencingToken>,
-) -> Error {
-    if reasons.iter().any(|r| r.code == CONDITION_FAILED) {
-        Error::Fenced {
-            object: object.to_owned(),
-            presented,
-            highest: highest.filter(|h| *h > presented),
-        }
-    } else {
-        cancelled_otherwise("fenced transaction", ctx, reasons)
-    }
-}
-
 const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 
-/// What a cancelled acquiring transaction means. Its items are, in order, the lease item and
-/// the key's token high-water mark. Nothing of a cancelled transaction was applied.
-#[derive(Debug)]
-pub(crate) enum AcquireCancelled {
-    /// The lease item's condition failed: it is not at the expected revision (a conflict, or
-    /// an earlier attempt of this very write landed).
-    Lease,
-    /// Only the mark's condition failed: the mark is at or above the proposed token, so the
-    /// token must be raised above it.
-    Mark,
-    /// Cancelled for another reason (throttling, a concurrent transaction, ...).
-    Failed(Error),
-}
-
-/// Decides what a cancelled acquiring transaction means (see [`AcquireCancelled`]). A failed
-/// lease condition wins over everything else: the write is then a conflict whatever the mark.
-pub(crate) fn map_cancelled_acquire(ctx: &Context, reasons: &[Reason]) -> AcquireCancelled {
-    let failed = |i: usize| reasons.get(i).is_some_and(|r| r.code == CONDITION_FAILED);
-    if failed(0) {
-        AcquireCancelled::Lease
-    } else if failed(1) {
-        AcquireCancelled::Mark
-    } else {
-        AcquireCancelled::Failed(cancelled_otherwise("acquiring transaction", ctx, reasons))
-    }
+/// Which item of a cancelled transaction failed its condition (the first, in the order of the
+/// transaction's items), or, if none did, the error of a transaction cancelled for another
+/// reason (`what` names the transaction: throttling, a concurrent transaction, ...). Nothing
+/// of a cancelled transaction was applied.
+pub(crate) fn failed_condition(
+    what: &str,
+    ctx: &Context,
+    reasons: &[Reason],
+) -> Result<usize, Error> {
+    reasons
+        .iter()
+        .position(|r| r.code == CONDITION_FAILED)
+        .ok_or_else(|| cancelled_otherwise(what, ctx, reasons))
 }
 
 /// Errors of this crate that are not the SDK's, kept as the `source` of a core [`Error`].
@@ -650,89 +618,36 @@ mod tests {
     }
 
     #[test]
-    fn cancelled_transactions() {
-        let r = |code: &str| Reason {
-            code: code.to_owned(),
-            message: String::new(),
-        };
-        let e = map_cancelled(
-            &ctx(),
-            "obj",
-            FencingToken(3),
-            &[r("ConditionalCheckFailed"), r("None")],
-            Some(FencingToken(5)),
-        );
-        match e {
-            Error::Fenced {
-                object,
-                presented,
-                highest,
-            } => {
-                assert_eq!(object, "obj");
-                assert_eq!(presented, FencingToken(3));
-                assert_eq!(highest, Some(FencingToken(5)));
-            }
-            other => panic!("{other:?}"),
-        }
-        // A fence that is not higher is not reported as the higher one.
-        let e = map_cancelled(
-            &ctx(),
-            "obj",
-            FencingToken(3),
-            &[r("ConditionalCheckFailed"), r("None")],
-            Some(FencingToken(2)),
-        );
-        assert!(matches!(e, Error::Fenced { highest: None, .. }), "{e:?}");
-        let kind = |reasons: &[Reason]| {
-            map_cancelled(&ctx(), "obj", FencingToken(3), reasons, None).kind()
-        };
-        assert_eq!(
-            kind(&[r("None"), r("ThrottlingError")]),
-            ErrorKind::Throttled
-        );
-        assert_eq!(
-            kind(&[r("TransactionConflict"), r("None")]),
-            ErrorKind::Unavailable
-        );
-        assert_eq!(kind(&[r("ValidationError")]), ErrorKind::Backend);
-    }
-    #[test]
-    fn cancelled_acquires() {
-        let r = |code: &str| Reason {
-            code: code.to_owned(),
-            message: String::new(),
-        };
+    fn cancelled_transactions_name_the_first_failed_condition() {
         let decide = |codes: &[&str]| {
-            let reasons: Vec<Reason> = codes.iter().map(|c| r(c)).collect();
-            map_cancelled_acquire(&ctx(), &reasons)
+            let reasons: Vec<Reason> = codes
+                .iter()
+                .map(|c| Reason {
+                    code: (*c).to_owned(),
+                    message: String::new(),
+                })
+                .collect();
+            failed_condition("acquiring transaction", &ctx(), &reasons)
         };
-        // A failed lease condition is a conflict, whatever happened to the mark.
-        for mark in ["None", "ConditionalCheckFailed", "TransactionConflict"] {
-            assert!(
-                matches!(
-                    decide(&["ConditionalCheckFailed", mark]),
-                    AcquireCancelled::Lease
-                ),
-                "{mark}"
+        // The first item's failed condition wins, whatever happened to the second.
+        for second in ["None", "ConditionalCheckFailed", "TransactionConflict"] {
+            assert_eq!(
+                decide(&["ConditionalCheckFailed", second]).ok(),
+                Some(0),
+                "{second}"
             );
         }
-        assert!(matches!(
-            decide(&["None", "ConditionalCheckFailed"]),
-            AcquireCancelled::Mark
-        ));
-        let failed = |codes: &[&str]| match decide(codes) {
-            AcquireCancelled::Failed(e) => e,
-            other => panic!("{codes:?}: {other:?}"),
-        };
+        assert_eq!(decide(&["None", "ConditionalCheckFailed"]).ok(), Some(1));
+        let kind = |codes: &[&str]| decide(codes).err().map(|e| e.kind());
         assert_eq!(
-            failed(&["None", "ThrottlingError"]).kind(),
-            ErrorKind::Throttled
+            kind(&["None", "ThrottlingError"]),
+            Some(ErrorKind::Throttled)
         );
         assert_eq!(
-            failed(&["TransactionConflict", "None"]).kind(),
-            ErrorKind::Unavailable
+            kind(&["TransactionConflict", "None"]),
+            Some(ErrorKind::Unavailable)
         );
-        let e = failed(&["ValidationError", "None"]);
+        let e = decide(&["ValidationError", "None"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Backend);
         assert!(e.to_string().contains("acquiring transaction"), "{e}");
     }

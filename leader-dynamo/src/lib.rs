@@ -74,7 +74,13 @@
 //! conflict reports the current holder without a second read. Every failed lease condition
 //! returns the item, and an item that is exactly our write is recognised as ours.
 //! Protected objects are items `fenced#<name>` with `fence` (N), `value` (B) and
-//! `object_rev` (S). DynamoDB's TTL deletion is not used; do not enable it on these items.
+//! `object_rev` (S, a random revision set by every write). A fenced write reads the object,
+//! and the core refuses it if the object's fence is above the writer's token; otherwise one
+//! `TransactWriteItems` checks that the lease item still has the writer's holder and token
+//! and updates the object on condition that its `object_rev` is the one read (or that it is
+//! absent). The revision, not the fence, makes the write conditional, so a write of a term
+//! delivered late cannot undo a later acknowledged write of the same term. DynamoDB's TTL
+//! deletion is not used; do not enable it on these items.
 //!
 //! Requests, per lease key: an acquire is a consistent `GetItem` and one
 //! `TransactWriteItems` of two items (2 write units each, 4 in all, where a plain
@@ -103,12 +109,12 @@
 //!
 //! # Requests and timeouts
 //!
-//! The SDK's own retries are disabled on every call; each call is bounded by the store's
-//! request timeout, retries included. Reads retry throttling and unavailability with a short,
-//! capped, jittered backoff; conditional writes retry only what DynamoDB rejected without
-//! applying (throttling), and report everything ambiguous (a timeout, a lost connection, a
-//! 5xx) as [`leader_core::Error::Indeterminate`], so the core re-reads instead of writing
-//! again.
+//! The SDK's own retries are disabled on every call; each call runs through the core's one
+//! retry loop ([`leader_core::backend::Call`]), bounded by the store's request timeout,
+//! retries included. Reads and writes retry only what DynamoDB rejected without applying
+//! (throttling, a concurrent transaction, credentials not yet loaded), with a short, capped,
+//! jittered backoff; everything ambiguous in a write (a timeout, a lost connection, a 5xx) is
+//! [`leader_core::Error::Indeterminate`], so the core re-reads instead of writing again.
 //!
 //! # Features
 //!

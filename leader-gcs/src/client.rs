@@ -9,27 +9,21 @@ use bytes::Bytes;
 use google_cloud_storage::Error as SdkError;
 use google_cloud_storage::client::Storage;
 use google_cloud_storage::stub::{DefaultStorage, Storage as Stub};
+use leader_core::backend::{Backoff, Call, FencedCas, ObjectWrite, decode_fenced, encode_fenced};
 use leader_core::{
-    ConfigError, Error, Expected, Fence, FencedObject, FencedStore, FencingToken, LeaseBackend,
-    LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce,
+    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey,
+    LeaseRecord, LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce,
     WriteOutcome, WriteRequest,
 };
-use tokio::time::{Instant, sleep, timeout};
-use tracing::debug;
 
 use crate::builder::GcsBuilder;
-use crate::error::{Class, Request, after_ambiguous, bucket_missing, map_error, timed_out};
+use crate::error::{Class, Request, after_ambiguous, bucket_missing, map_error};
 
 /// GCS accepts about one write per second to one object name.
 pub const MIN_RENEW_EVERY: Duration = Duration::from_secs(1);
 
-/// The first line of a protected object: the fence, then the value.
-const FENCE_HEADER: &[u8] = b"leader-fence:";
-/// Rounds of read-then-write a fenced write tries when another writer changes the object.
-const FENCED_ROUNDS: usize = 4;
 /// Backoff between attempts of one call: doubles from the first, capped.
-const FIRST_BACKOFF: Duration = Duration::from_millis(25);
-const MAX_BACKOFF: Duration = Duration::from_millis(400);
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(25), Duration::from_millis(400));
 
 /// Leases and fenced objects in one GCS bucket.
 ///
@@ -114,19 +108,6 @@ impl<S: Stub + 'static> GcsStore<S> {
         }
     }
 
-    /// Sleeps before another attempt if the deadline leaves room for it.
-    async fn backoff(&self, attempt: &mut u32, deadline: Instant) -> bool {
-        let delay = FIRST_BACKOFF
-            .saturating_mul(1 << (*attempt).min(8))
-            .min(MAX_BACKOFF);
-        if Instant::now() + delay >= deadline {
-            return false;
-        }
-        *attempt += 1;
-        sleep(delay).await;
-        true
-    }
-
     async fn get_once(&self, object: &str) -> Result<(Vec<u8>, i64), SdkError> {
         let mut response = self
             .storage
@@ -141,74 +122,54 @@ impl<S: Stub + 'static> GcsStore<S> {
         Ok((body, generation))
     }
 
-    /// Reads an object's body and generation; `None` if it does not exist. Retries
-    /// throttling and transient failures within the request timeout.
+    /// Reads an object's body and generation; `None` if it does not exist. Throttling and
+    /// transient failures are retried within the request timeout.
     async fn get(&self, object: &str) -> Result<Option<(Vec<u8>, i64)>, Error> {
         let request = self.request(object, false);
-        let deadline = Instant::now() + self.request_timeout;
-        let mut attempt = 0;
-        loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let error = match timeout(remaining, self.get_once(object)).await {
-                Err(_) => return Err(timed_out(request, self.request_timeout)),
-                Ok(Ok(found)) => return Ok(Some(found)),
-                Ok(Err(error)) => error,
-            };
-            let class = Class::of(&error);
-            if class == Class::NotFound && !bucket_missing(&error) {
-                return Ok(None);
-            }
-            if !class.is_retryable() || !self.backoff(&mut attempt, deadline).await {
-                return Err(map_error(error, request));
-            }
-            debug!(object, ?class, "retrying a read");
-        }
+        Call::read("reading a GCS object", self.request_timeout)
+            .with_backoff(BACKOFF)
+            .run(|_| async move {
+                match self.get_once(object).await {
+                    Ok(found) => Ok(Some(found)),
+                    Err(e) if Class::of(&e) == Class::NotFound && !bucket_missing(&e) => Ok(None),
+                    Err(e) => Err(map_error(e, request)),
+                }
+            })
+            .await
     }
 
     /// Uploads `body` if the object's generation is `if_generation` (0: absent).
     ///
     /// Throttling and failures before sending are retried; a failure that may have applied
-    /// the write (5xx, a lost connection) is retried too, but a precondition failure after it
-    /// is [`Error::Indeterminate`], never a conflict, since the first attempt may have landed.
+    /// the write (5xx, a lost connection, the timeout) is [`Error::Indeterminate`] at once,
+    /// never retried: the core re-reads to decide.
     async fn put(&self, object: &str, body: Bytes, if_generation: i64) -> Result<Put, Error> {
         let request = self.request(object, true);
-        let deadline = Instant::now() + self.request_timeout;
-        let mut attempt = 0;
-        let mut maybe_applied = false;
         // Sent up front in the metadata part: the SDK otherwise appends the checksum as a
         // third multipart part, which fake-gcs-server stores as part of the body.
         let crc = crc32c::crc32c(&body);
-        loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let upload = self
-                .storage
-                .write_object(&self.bucket_path, object, body.clone())
-                .set_if_generation_match(if_generation)
-                .set_content_type("application/octet-stream")
-                .with_known_crc32c(crc)
-                .with_idempotency(false)
-                .send_unbuffered();
-            let error = match timeout(remaining, upload).await {
-                Err(_) => return Err(timed_out(request, self.request_timeout)),
-                Ok(Ok(written)) => return Ok(Put::Written(written.generation)),
-                Ok(Err(error)) => error,
-            };
-            let class = Class::of(&error);
-            match class {
-                Class::PreconditionFailed if !maybe_applied => return Ok(Put::PreconditionFailed),
-                Class::MaybeApplied => maybe_applied = true,
-                _ => {}
-            }
-            if !class.is_retryable() || !self.backoff(&mut attempt, deadline).await {
-                let error = map_error(error, request);
-                return Err(if maybe_applied {
-                    after_ambiguous(error, request)
-                } else {
-                    error
-                });
-            }
-            debug!(object, ?class, "retrying a write");
-        }
+        Call::write("writing a GCS object", self.request_timeout)
+            .with_backoff(BACKOFF)
+            .run(|_| {
+                let upload = self
+                    .storage
+                    .write_object(&self.bucket_path, object, body.clone())
+                    .set_if_generation_match(if_generation)
+                    .set_content_type("application/octet-stream")
+                    .with_known_crc32c(crc)
+                    .with_idempotency(false)
+                    .send_unbuffered();
+                async move {
+                    match upload.await {
+                        Ok(written) => Ok(Put::Written(written.generation)),
+                        Err(e) if Class::of(&e) == Class::PreconditionFailed => {
+                            Ok(Put::PreconditionFailed)
+                        }
+                        Err(e) => Err(map_error(e, request)),
+                    }
+                }
+            })
+            .await
     }
 
     async fn put_record(
@@ -264,36 +225,6 @@ fn generation_of(revision: &Revision) -> Option<i64> {
 fn raise(proposed: FencingToken, generation: i64) -> FencingToken {
     let floor = u64::try_from(generation).unwrap_or(0).saturating_add(1);
     proposed.max(FencingToken(floor))
-}
-
-fn encode_fenced(token: FencingToken, value: &[u8]) -> Bytes {
-    let mut body = FENCE_HEADER.to_vec();
-    body.extend_from_slice(format!("{token}\n").as_bytes());
-    body.extend_from_slice(value);
-    Bytes::from(body)
-}
-
-fn decode_fenced(label: &str, body: &[u8], generation: i64) -> Result<FencedObject, Error> {
-    let malformed = |detail: &str| Error::MalformedRecord {
-        key: label.to_owned(),
-        detail: detail.to_owned(),
-    };
-    let rest = body.strip_prefix(FENCE_HEADER).ok_or_else(|| {
-        malformed("it does not start with a fence line; it was not written by a fenced write")
-    })?;
-    let end = rest
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| malformed("the fence line has no end"))?;
-    let fence = std::str::from_utf8(&rest[..end])
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or_else(|| malformed("the fence is not a number"))?;
-    Ok(FencedObject {
-        fence: FencingToken(fence),
-        value: rest[end + 1..].to_vec(),
-        revision: revision(generation),
-    })
 }
 
 #[async_trait]
@@ -379,71 +310,41 @@ impl<S: Stub + 'static> LeaseBackend for GcsStore<S> {
 }
 
 #[async_trait]
-impl<S: Stub + 'static> FencedStore for GcsStore<S> {
-    /// Reads the protected object, checks that its fence is at most `fence.token`, and
-    /// uploads `value` with the new fence on the generation it read; if another writer got
-    /// there first, reads again (a few rounds).
-    ///
-    /// # Errors
-    /// [`Error::Fenced`] if a higher token has written the object; [`Error::MalformedRecord`]
-    /// if the object was not written by a fenced write; [`Error::Indeterminate`] if the upload
-    /// may have landed; [`Error::Unavailable`] if the object kept changing; any other
-    /// [`Error`] for a store failure.
-    ///
-    /// # Cancel safety
-    /// Not cancel-safe: a cancelled write may still be applied.
-    async fn fenced_write(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        value: &[u8],
-    ) -> Result<FencedObject, Error> {
-        let name = self.fenced_object(object);
-        let label = format!("{object} (gs://{}/{name})", self.bucket);
-        let body = encode_fenced(fence.token, value);
-        for _ in 0..FENCED_ROUNDS {
-            let if_generation = match self.get(&name).await? {
-                Some((current, generation)) => {
-                    let current = decode_fenced(&label, &current, generation)?;
-                    if current.fence > fence.token {
-                        return Err(Error::Fenced {
-                            object: object.to_string(),
-                            presented: fence.token,
-                            highest: Some(current.fence),
-                        });
-                    }
-                    generation
-                }
-                None => 0,
-            };
-            if let Put::Written(generation) = self.put(&name, body.clone(), if_generation).await? {
-                return Ok(FencedObject {
-                    fence: fence.token,
-                    value: value.to_vec(),
-                    revision: revision(generation),
-                });
-            }
-        }
-        Err(Error::unavailable(format!(
-            "{label} changed under {FENCED_ROUNDS} fenced writes in a row; try again"
-        )))
-    }
-
-    /// Reads a protected object.
-    ///
-    /// # Errors
-    /// [`Error::MalformedRecord`] naming the bucket and object if it was not written by a
-    /// fenced write; any other [`Error`] for a store failure.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe.
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+impl<S: Stub + 'static> FencedCas for GcsStore<S> {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
         let name = self.fenced_object(object);
         let label = format!("{object} (gs://{}/{name})", self.bucket);
         self.get(&name)
             .await?
-            .map(|(body, generation)| decode_fenced(&label, &body, generation))
+            .map(|(body, generation)| decode_fenced(&label, &body, revision(generation)))
             .transpose()
+    }
+
+    async fn put_fenced_if(
+        &self,
+        fence: &Fence,
+        object: &ObjectName,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error> {
+        let if_generation = match expected {
+            Expected::Absent => 0,
+            // A revision this store did not hand out matches no object.
+            Expected::Revision(r) => match generation_of(r) {
+                Some(generation) => generation,
+                None => return Ok(ObjectWrite::Conflict),
+            },
+        };
+        let body = Bytes::from(encode_fenced(fence.token, value));
+        Ok(
+            match self
+                .put(&self.fenced_object(object), body, if_generation)
+                .await?
+            {
+                Put::Written(generation) => ObjectWrite::Written(revision(generation)),
+                Put::PreconditionFailed => ObjectWrite::Conflict,
+            },
+        )
     }
 }
 
@@ -461,6 +362,7 @@ mod tests {
     use google_cloud_storage::request_options::RequestOptions;
     use google_cloud_storage::streaming_source::{Seek, StreamingSource};
     use leader_core::ErrorKind;
+    use tokio::time::Instant;
 
     /// One scripted answer of the mock transport.
     #[derive(Clone, Debug)]
@@ -566,7 +468,7 @@ mod tests {
         let (r, calls, _) = put(&[Reply::Status(429, ""), Reply::Ok(7)], None).await;
         assert!(matches!(r, Ok(Put::Written(7))) && calls == 2);
         let (r, calls, _) = put(
-            &[Reply::Refused, Reply::Status(503, ""), Reply::Ok(8)],
+            &[Reply::Refused, Reply::Status(429, ""), Reply::Ok(8)],
             None,
         )
         .await;
@@ -574,7 +476,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_precondition_failure_is_a_conflict_only_if_no_attempt_may_have_landed() {
+    async fn a_precondition_failure_is_a_conflict_and_an_ambiguous_failure_is_never_retried() {
         let (r, calls, _) = put(&[Reply::Status(412, "")], None).await;
         assert!(matches!(r, Ok(Put::PreconditionFailed)) && calls == 1);
         // Throttled or refused attempts were not applied: a later 412 is still a conflict.
@@ -588,36 +490,39 @@ mod tests {
         )
         .await;
         assert!(matches!(r, Ok(Put::PreconditionFailed)));
-        // After a broken connection or a 5xx the first attempt may have landed.
+        // After a broken connection or a 5xx the attempt may have landed: the outcome is
+        // unknown at once, and the write is not sent again.
         for first in [
             Reply::Broken,
             Reply::Status(503, ""),
             Reply::Status(500, ""),
         ] {
-            let (r, calls, _) = put(&[first.clone(), Reply::Status(412, "")], None).await;
+            let (r, calls, _) =
+                put(std::slice::from_ref(&first), Some(Reply::Status(412, ""))).await;
             let err = r.err().unwrap();
             assert_eq!(err.kind(), ErrorKind::Indeterminate, "{first:?}: {err}");
-            assert_eq!(calls, 2);
+            assert_eq!(calls, 1);
         }
     }
 
     #[tokio::test]
     async fn retries_stop_at_the_request_timeout() {
         let slack = Duration::from_millis(150);
-        // Ambiguous failures until the deadline: indeterminate.
-        let (r, calls, took) = put(&[], Some(Reply::Status(503, ""))).await;
-        assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
+        // Throttled until the deadline: nothing was written, so it says throttled.
+        let (r, calls, took) = put(&[], Some(Reply::Status(429, ""))).await;
+        assert_eq!(r.err().unwrap().kind(), ErrorKind::Throttled);
         assert!(
             calls > 2 && took < TIMEOUT + slack,
             "{calls} calls in {took:?}"
         );
-        // Throttled until the deadline: nothing was written, so it says throttled.
-        let (r, _, took) = put(&[], Some(Reply::Status(429, ""))).await;
-        assert_eq!(r.err().unwrap().kind(), ErrorKind::Throttled);
-        assert!(took < TIMEOUT + slack, "{took:?}");
-        // Throttled, then ambiguous, then throttled: the outcome is still unknown.
-        let (r, _, _) = put(&[Reply::Status(503, "")], Some(Reply::Status(429, ""))).await;
+        // Throttled, then ambiguous: the outcome is unknown, and nothing more is sent.
+        let (r, calls, _) = put(
+            &[Reply::Status(429, ""), Reply::Status(503, "")],
+            Some(Reply::Ok(1)),
+        )
+        .await;
         assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
+        assert_eq!(calls, 2);
         // No answer at all: indeterminate, at the timeout.
         let (r, calls, took) = put(&[Reply::Hang], None).await;
         assert_eq!(r.err().unwrap().kind(), ErrorKind::Indeterminate);
@@ -671,19 +576,5 @@ mod tests {
         assert_eq!(generation_of(&revision(17)), Some(17));
         assert_eq!(generation_of(&Revision::new("etag")), None);
         assert_eq!(generation_of(&Revision::new("0")), None);
-    }
-
-    #[test]
-    fn fenced_objects_round_trip_and_damage_is_named() {
-        let body = encode_fenced(FencingToken(42), b"payload\nwith lines");
-        let back = decode_fenced("o (gs://b/o)", &body, 9).unwrap();
-        assert_eq!(back.fence, FencingToken(42));
-        assert_eq!(back.value, b"payload\nwith lines");
-        assert_eq!(back.revision, revision(9));
-        for bad in [&b"plain"[..], b"leader-fence:12", b"leader-fence:x\nv"] {
-            let err = decode_fenced("o (gs://b/o)", bad, 1).unwrap_err();
-            assert!(matches!(err, Error::MalformedRecord { .. }), "{err}");
-            assert!(err.to_string().contains("gs://b/o"), "{err}");
-        }
     }
 }

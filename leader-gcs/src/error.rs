@@ -1,10 +1,8 @@
 //! The one place where the SDK's errors become [`leader_core::Error`]s.
 //!
-//! A failed request is first classified ([`Class::of`]): the retry loops in `client.rs` use the
-//! class to decide whether to try again and whether a write may have landed. The error that
-//! finally reaches the caller is made by [`map_error`] (or [`timed_out`] for our own deadline).
-
-use std::time::Duration;
+//! A failed request is first classified ([`Class::of`]); `client.rs` tells a precondition
+//! failure (a conflict) and a missing object from the rest, and [`map_error`] makes the core
+//! error, whose kind decides whether the core's call loop may try again.
 
 use google_cloud_storage::Error as SdkError;
 use leader_core::Error;
@@ -54,14 +52,6 @@ impl Class {
         } else {
             Class::Rejected
         }
-    }
-
-    /// Whether trying again (within the request timeout) may help.
-    pub(crate) fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Class::Throttled | Class::NotSent | Class::MaybeApplied
-        )
     }
 }
 
@@ -114,28 +104,7 @@ pub(crate) fn map_error(error: SdkError, request: Request<'_>) -> Error {
         Class::NotSent => Error::Unavailable { message, source },
         Class::MaybeApplied if request.write => Error::Indeterminate { message, source },
         Class::MaybeApplied => Error::Unavailable { message, source },
-        Class::PreconditionFailed if request.write => Error::Indeterminate {
-            message: format!(
-                "{message} (a precondition failure after a retry: the first attempt may have landed)"
-            ),
-            source,
-        },
         Class::PreconditionFailed | Class::Rejected => Error::Backend { message, source },
-    }
-}
-
-/// Our own deadline passed: a read timed out; a write's outcome is unknown.
-pub(crate) fn timed_out(request: Request<'_>, after: Duration) -> Error {
-    if request.write {
-        Error::Indeterminate {
-            message: format!("{} got no answer within {after:?}", request.describe()),
-            source: None,
-        }
-    } else {
-        Error::Timeout {
-            operation: "reading a GCS object",
-            after,
-        }
     }
 }
 
@@ -207,11 +176,6 @@ mod tests {
         assert_eq!(Class::of(&flaky), Class::NotSent);
         let none = SdkError::authentication(CredentialsError::from_msg(false, "no creds"));
         assert_eq!(Class::of(&none), Class::Unauthenticated);
-        assert!(Class::NotSent.is_retryable());
-        assert!(Class::Throttled.is_retryable());
-        assert!(Class::MaybeApplied.is_retryable());
-        assert!(!Class::PreconditionFailed.is_retryable());
-        assert!(!Class::Unauthenticated.is_retryable());
     }
 
     #[test]
@@ -224,7 +188,6 @@ mod tests {
             (429, WRITE, ErrorKind::Throttled),
             (503, READ, ErrorKind::Unavailable),
             (503, WRITE, ErrorKind::Indeterminate),
-            (412, WRITE, ErrorKind::Indeterminate),
             (400, WRITE, ErrorKind::Backend),
         ];
         for (status, request, kind) in cases {
@@ -260,15 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn own_timeouts_and_later_failures() {
-        assert_eq!(
-            timed_out(READ, Duration::from_secs(1)).kind(),
-            ErrorKind::Timeout
-        );
-        assert_eq!(
-            timed_out(WRITE, Duration::from_secs(1)).kind(),
-            ErrorKind::Indeterminate
-        );
+    fn a_failure_after_a_landed_write_is_indeterminate() {
         let later = after_ambiguous(Error::unavailable("down"), WRITE);
         assert_eq!(later.kind(), ErrorKind::Indeterminate);
         assert!(later.to_string().contains("may have landed"), "{later}");

@@ -62,15 +62,17 @@
 //! - **Rate.** GCS accepts about one write per second to one object name, so
 //!   `check_timing` rejects `renew_every` below 1 s. Followers only read.
 //! - **Retries and timeouts.** The SDK's retries are off (its default policy retries for up
-//!   to 300 s and repeats conditional writes); this crate retries 429, 5xx and transport
-//!   failures with capped backoff, and bounds every call, retries included, by the builder's
-//!   request timeout, which must not exceed the elector's. A write that may have landed (no
-//!   answer in time, a lost connection, a 5xx, or a 412 on a retry after one of those) is
-//!   [`Error::Indeterminate`](leader_core::Error): the core re-reads and recognises its own
-//!   write by holder and nonce.
+//!   to 300 s and repeats conditional writes); every call runs through the core's one retry
+//!   loop ([`leader_core::backend::Call`]), bounded, retries included, by the builder's
+//!   request timeout, which must not exceed the elector's. Reads retry 429, 5xx and transport
+//!   failures; writes retry only what was not applied (429, a connection that was never
+//!   made). A write that may have landed (no answer in time, a lost connection, a 5xx) is
+//!   [`Error::Indeterminate`](leader_core::Error) at once and never sent again: the core
+//!   re-reads and recognises its own write by holder and nonce.
 //! - **Fenced writes.** A protected object `<prefix>objects/<name>` holds a fence line and the
 //!   value; a fenced write reads it, refuses if its fence is above the writer's token, and
-//!   uploads on the generation it read.
+//!   uploads on the generation it read (the core's [`leader_core::FencedStore`] over this
+//!   crate's [`leader_core::backend::FencedCas`]).
 //! - **Bucket.** A missing bucket is [`Error::NotFound`](leader_core::Error) naming it (GCS says
 //!   so on reads; fake-gcs-server only on the first write). This crate does not create
 //!   buckets.

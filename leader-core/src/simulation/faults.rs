@@ -10,7 +10,8 @@ use tokio::time::{Instant, sleep};
 
 use crate::ExpiryModel;
 use crate::backend::{
-    Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteOutcome, WriteRequest,
+    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteOutcome,
+    WriteRequest,
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
@@ -375,39 +376,49 @@ impl<S: LeaseBackend + 'static> LeaseBackend for FaultyStore<S> {
 }
 
 #[async_trait]
-impl<S: FencedStore + 'static> FencedStore for FaultyStore<S> {
-    async fn fenced_write(
+impl<S: FencedCas + 'static> FencedCas for FaultyStore<S> {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.read_through(self.inner.get_fenced(object)).await
+    }
+
+    async fn put_fenced_if(
         &self,
         fence: &Fence,
         object: &ObjectName,
+        expected: &Expected,
         value: &[u8],
-    ) -> Result<FencedObject, Error> {
+    ) -> Result<ObjectWrite, Error> {
         self.write_through(
             "fenced write",
             true,
-            (fence, object, value),
-            |(fence, object, value)| self.inner.fenced_write(fence, object, value),
-            // Checked against the object's fence when it lands, as ever.
-            |(fence, object, value)| {
+            (fence, object, expected, value),
+            |(fence, object, expected, value)| {
+                self.inner.put_fenced_if(fence, object, expected, value)
+            },
+            // Conditional as ever: refused if the object changed meanwhile.
+            |(fence, object, expected, value)| {
                 let inner = self.inner.clone();
-                let (fence, object, value) = (fence.clone(), object.clone(), value.to_vec());
+                let (fence, object, expected, value) = (
+                    fence.clone(),
+                    object.clone(),
+                    expected.clone(),
+                    value.to_vec(),
+                );
                 async move {
-                    let _ = inner.fenced_write(&fence, &object, &value).await;
+                    let _ = inner
+                        .put_fenced_if(&fence, &object, &expected, &value)
+                        .await;
                 }
             },
         )
         .await
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        self.read_through(self.inner.fenced_read(object)).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Expected, WriteKind};
+    use crate::backend::{FencedStore, WriteKind};
     use crate::memory::MemoryStore;
     use crate::model::{FencingToken, HolderId, LeaseRecord, Metadata, TermId, WriteNonce};
     use tokio::time::timeout;
@@ -507,6 +518,34 @@ mod tests {
             (o.fence, o.value.as_slice()),
             (FencingToken(2), &b"new"[..])
         );
+    }
+
+    /// The lost-response case of fencing: a write that lands after a later write *of the
+    /// same term* was acknowledged must not undo it (the fence alone cannot tell them apart;
+    /// the object's revision can).
+    #[tokio::test(start_paused = true)]
+    async fn a_late_fenced_write_does_not_overwrite_a_later_one_of_its_own_term() {
+        let memory = MemoryStore::new();
+        let store = FaultyStore::new(memory.clone(), 3, vec![late_control()]);
+        let object = ObjectName::new("o").unwrap();
+        let fence = Fence {
+            key: LeaseKey::new("k").unwrap(),
+            holder: HolderId::new("a").unwrap(),
+            token: FencingToken(1),
+        };
+        let r = timeout(
+            Duration::from_millis(200),
+            store.fenced_write(&fence, &object, b"first"),
+        )
+        .await;
+        assert!(r.is_err());
+        memory
+            .fenced_write(&fence, &object, b"second")
+            .await
+            .unwrap();
+        sleep(Duration::from_secs(2)).await;
+        let o = memory.fenced_read(&object).await.unwrap().unwrap();
+        assert_eq!(o.value.as_slice(), &b"second"[..]);
     }
 
     /// Without late delivery the generator draws exactly as it did before late delivery

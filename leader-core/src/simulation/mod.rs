@@ -45,7 +45,8 @@ pub use check::{
 pub use faults::{FaultControl, Faults, FaultyStore, Late};
 
 use crate::backend::{
-    Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
+    Expected, Fence, FencedCas, FencedObject, FencedStore, LeaseBackend, ObjectWrite, Stored,
+    WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::elector::{Elector, ElectorHandle, Leadership, Term};
@@ -844,39 +845,46 @@ impl std::fmt::Debug for Resource {
 }
 
 #[async_trait::async_trait]
-impl FencedStore for Resource {
-    async fn fenced_write(
+impl FencedCas for Resource {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        let found = self.world.store.get_fenced(object).await?;
+        if self.world.config.negative == NegativeControl::UnfencedResource {
+            // The planted bug: the resource forgets its fence, so any token gets in ...
+            return Ok(found.map(|o| FencedObject {
+                fence: FencingToken(0),
+                ..o
+            }));
+        }
+        Ok(found)
+    }
+
+    async fn put_fenced_if(
         &self,
         fence: &Fence,
         object: &ObjectName,
+        expected: &Expected,
         value: &[u8],
-    ) -> Result<FencedObject, Error> {
+    ) -> Result<ObjectWrite, Error> {
         let store = &self.world.store;
         let outcome = if self.world.config.negative == NegativeControl::UnfencedResource {
-            // The planted bug: whatever token the writer presents, the write goes in.
-            let highest = store
-                .fenced_read(object)
-                .await?
-                .map_or(FencingToken(0), |o| o.fence);
-            let anything = Fence {
-                token: highest.max(fence.token),
-                ..fence.clone()
+            // ... and writes whatever arrives, on no condition.
+            let now = match store.get_fenced(object).await? {
+                Some(o) => Expected::Revision(o.revision),
+                None => Expected::Absent,
             };
-            store.fenced_write(&anything, object, value).await
+            store.put_fenced_if(fence, object, &now, value).await
         } else {
-            store.fenced_write(fence, object, value).await
+            store.put_fenced_if(fence, object, expected, value).await
         };
-        self.world.log(Event::Write {
-            cand: self.cand,
-            token: fence.token.0,
-            at: self.world.now(),
-            accepted: outcome.is_ok(),
-        });
+        if let Ok(ObjectWrite::Written(_)) = outcome {
+            self.world.log(Event::Write {
+                cand: self.cand,
+                token: fence.token.0,
+                at: self.world.now(),
+                accepted: true,
+            });
+        }
         outcome
-    }
-
-    async fn fenced_read(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        self.world.store.fenced_read(object).await
     }
 }
 
