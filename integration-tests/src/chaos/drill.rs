@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::candidate::CandidateArgs;
 use super::checker::{FinalObject, check};
-use super::drive::{Measured, drive};
+use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
 use super::{BackendKind, EV_EXIT, mono_us, open_store};
 use crate::proxy::{FaultProxy, authority};
@@ -163,19 +163,13 @@ pub async fn run_round(
             done: false,
         });
     }
-    let mut violations = Vec::new();
-    let mut measured = Measured::default();
-    let mut step_downs = 0;
-    let result = drive(
-        kind,
+    let outcome = drive(RoundContext {
         scenario,
-        &timing,
-        &mut procs,
-        &mut violations,
-        &mut measured,
-        &mut step_downs,
-    )
+        timing: &timing,
+        procs: &mut procs,
+    })
     .await;
+    let mut violations = outcome.violations;
     // Shut down: resume, SIGTERM, wait; SIGKILL what is left.
     for p in procs.iter_mut() {
         if let Some(proxy) = &p.proxy {
@@ -203,10 +197,8 @@ pub async fn run_round(
             violations.push(format!("{} exited without shutting down its elector", p.id));
         }
     }
-    if let Err(e) = result {
-        violations.push(e);
-    }
-    violations.append(&mut measured.late);
+    violations.extend(outcome.failure);
+    violations.extend(outcome.measured.late);
     // The protected object, read directly (no proxy).
     let endpoint = if kind.proxied() {
         url.clone()
@@ -242,12 +234,12 @@ pub async fn run_round(
         backend: kind,
         scenario,
         violations,
-        measured_ms: measured.value,
+        measured_ms: outcome.measured.value,
         terms: verdict.terms.len(),
         accepted: verdict.accepted,
         fenced: verdict.fenced,
         failed: verdict.failed,
-        step_downs,
+        step_downs: outcome.step_downs,
         late_deliveries,
         dir,
     })
