@@ -7,11 +7,18 @@
 //!   and one JSON [`Event`] per line on stdout, stamped with the host's monotonic clock.
 //! - [`checker`]: reads every candidate's events (and the protected object at the end) and
 //!   lists the violated invariants.
-//! - [`drill`]: the scenarios, one round at a time, and the summary of many rounds.
+//! - [`drill`]: the scenarios, one round at a time, and the summary of many rounds. Behind it,
+//!   in private modules: the scenarios and their bounds (`scenario`), the candidate processes
+//!   and what their logs say (`process`), the driver that injects a round's fault (`drive`), and
+//!   the summary (`summary`).
 
 pub mod candidate;
 pub mod checker;
 pub mod drill;
+mod drive;
+mod process;
+mod scenario;
+mod summary;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,88 @@
+//! The faults a round injects, and the time each one allows for a new term.
+
+use std::time::Duration;
+
+use leader_core::Timing;
+use serde::Serialize;
+
+use super::BackendKind;
+
+/// Slack on every timing bound, for process scheduling on a loaded machine.
+pub const SLACK: Duration = Duration::from_secs(1);
+
+/// One fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Scenario {
+    /// SIGKILL the leader: a new term within `ttl + retry_every` (+ slack).
+    Kill,
+    /// SIGSTOP the leader past its ttl, then SIGCONT: its later writes are rejected or not
+    /// made, and it notices that its term ended.
+    Stop,
+    /// Blackhole the leader's proxy: it steps down by its deadline, and a follower takes over
+    /// only after that, within `ttl + retry_every` (+ slack).
+    Partition,
+    /// Blackhole every proxy for longer than the ttl, then heal: nobody acts without a term,
+    /// and a leader is back within `ttl + 2 x retry_every` (+ slack) of the heal.
+    Stall,
+    /// 30 % of requests answered 503 for a while: no invariant breaks, a leader afterwards.
+    Throttle,
+    /// SIGTERM the leader: handover within `retry_every` (+ slack).
+    Term,
+    /// 20 % of requests applied by the store with their answer dropped, for a while: writes of
+    /// unknown outcome everywhere; no invariant breaks, a leader afterwards.
+    Lossy,
+    /// 20 % of requests held past the sender's request timeout, then applied by the store (the
+    /// sender has given up and re-read meanwhile), with a SIGTERM handover halfway through: no
+    /// invariant breaks, a leader afterwards.
+    Late,
+}
+
+impl Scenario {
+    /// Every scenario.
+    pub const ALL: [Scenario; 8] = [
+        Scenario::Kill,
+        Scenario::Stop,
+        Scenario::Partition,
+        Scenario::Stall,
+        Scenario::Throttle,
+        Scenario::Term,
+        Scenario::Lossy,
+        Scenario::Late,
+    ];
+
+    /// The name used on command lines and in summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Kill => "sigkill",
+            Scenario::Stop => "sigstop",
+            Scenario::Partition => "partition",
+            Scenario::Stall => "stall",
+            Scenario::Throttle => "throttle",
+            Scenario::Term => "sigterm",
+            Scenario::Lossy => "lossy",
+            Scenario::Late => "late",
+        }
+    }
+
+    /// The scenario of a [`name`](Self::name).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether it applies to `kind` (the file store has no proxy to partition or throttle).
+    pub fn applies_to(self, kind: BackendKind) -> bool {
+        kind.proxied() || matches!(self, Scenario::Kill | Scenario::Stop | Scenario::Term)
+    }
+
+    /// The bound on the measured time: failover, handover or recovery.
+    pub fn bound(self, t: &Timing) -> Option<Duration> {
+        match self {
+            Scenario::Kill | Scenario::Stop | Scenario::Partition => {
+                Some(t.ttl + t.retry_every + SLACK)
+            }
+            Scenario::Stall => Some(t.ttl + t.retry_every * 2 + SLACK),
+            Scenario::Term => Some(t.retry_every + SLACK),
+            Scenario::Throttle | Scenario::Lossy | Scenario::Late => None,
+        }
+    }
+}
