@@ -16,28 +16,22 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::error::TransactionCanceledException;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
-    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+    AttributeValue, ConditionCheck, ReturnValue, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem, Update,
 };
 use leader_core::backend::{Backoff, Call, FencedCas, ObjectWrite};
 use leader_core::{
-    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, HolderId, LeaseBackend,
-    LeaseKey, LeaseRecord, LeaseState, Metadata, ObjectName, RecordParts, Revision, Stored, Timing,
-    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey,
+    LeaseRecord, ObjectName, Revision, Stored, Timing, WriteKind, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::error::{Context, DynamoError, Op, Reason, failed_condition, map_sdk};
-
-/// Prefix of the partition key of a lease item: `lease#<key>`.
-pub const LEASE_PREFIX: &str = "lease#";
-/// Prefix of the partition key of a protected object: `fenced#<name>`.
-pub const OBJECT_PREFIX: &str = "fenced#";
-/// Prefix of the partition key of a lease key's token high-water mark: `mark#<key>`. The
-/// item outlives the lease item; see the crate docs for what an operator may delete.
-pub const MARK_PREFIX: &str = "mark#";
+use crate::error::{Context, Op, Reason, failed_condition, map_sdk};
+use crate::item::{
+    HELD, Item, LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX, RELEASED, attr, ms, names, num,
+    parse_lease, parse_mark, parse_object, parse_revision, revision_of,
+};
 
 /// How many acquiring transactions one write may send: the proposal, then above the mark,
 /// then once more if the mark rose again in between (the lease item deleted once more).
@@ -46,26 +40,6 @@ const MINT_ATTEMPTS: u32 = 3;
 /// The update of every lease write: the whole record, so that the item is exactly the write.
 const LEASE_UPDATE: &str = "SET #holder = :holder, #rev = :rev, #token = :token, #ttl = :ttl, \
      #state = :state, #meta = :meta, #nonce = :nonce, #started = :started, #written = :written";
-
-/// The attribute names of the items (always used through `#name` placeholders).
-pub(crate) mod attr {
-    pub(crate) const HOLDER: &str = "holder";
-    pub(crate) const REV: &str = "rev";
-    pub(crate) const TOKEN: &str = "token";
-    pub(crate) const TTL_MS: &str = "ttl_ms";
-    pub(crate) const STATE: &str = "state";
-    pub(crate) const META: &str = "meta";
-    pub(crate) const NONCE: &str = "nonce";
-    pub(crate) const STARTED: &str = "term_started_unix_ms";
-    pub(crate) const WRITTEN: &str = "written_unix_ms";
-    pub(crate) const FENCE: &str = "fence";
-    pub(crate) const VALUE: &str = "value";
-    pub(crate) const OBJECT_REV: &str = "object_rev";
-    pub(crate) const HIGH: &str = "high";
-}
-
-const HELD: &str = "held";
-const RELEASED: &str = "released";
 
 /// A random `u64` without a dependency: `RandomState` is seeded randomly per process.
 fn random_u64() -> u64 {
@@ -97,39 +71,6 @@ impl fmt::Debug for DynamoStore {
             .finish_non_exhaustive()
     }
 }
-
-fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(p, n)| ((*p).to_owned(), (*n).to_owned()))
-        .collect()
-}
-
-fn num(n: u64) -> AttributeValue {
-    AttributeValue::N(n.to_string())
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn revision_of(rev: u64, nonce: WriteNonce) -> Revision {
-    Revision::new(format!("{rev}.{nonce}"))
-}
-
-fn parse_revision(revision: &Revision) -> Option<(u64, String)> {
-    let (rev, nonce) = revision.as_str().split_once('.')?;
-    Some((rev.parse().ok()?, nonce.to_owned()))
-}
-
-fn parse_nonce(s: &str) -> Option<WriteNonce> {
-    (s.len() == 16)
-        .then(|| u64::from_str_radix(s, 16).ok())
-        .flatten()
-        .map(WriteNonce)
-}
-
-type Item = HashMap<String, AttributeValue>;
 
 /// A conditional write of a lease item, sent as an `UpdateItem` or inside a transaction.
 #[derive(Clone, Debug)]
@@ -189,127 +130,6 @@ fn reasons_of(t: &TransactionCanceledException) -> Vec<Reason> {
         .collect()
 }
 
-struct Fields<'a> {
-    item: &'a Item,
-    name: &'a str,
-}
-
-impl Fields<'_> {
-    fn bad(&self, detail: String) -> Error {
-        Error::MalformedRecord {
-            key: self.name.to_owned(),
-            detail,
-        }
-    }
-
-    fn string(&self, attr: &str) -> Result<&str, Error> {
-        match self.item.get(attr) {
-            Some(AttributeValue::S(s)) => Ok(s),
-            Some(other) => Err(self.bad(format!("attribute {attr:?} is not a string: {other:?}"))),
-            None => Err(self.bad(format!("attribute {attr:?} is missing"))),
-        }
-    }
-
-    fn number(&self, attr: &str) -> Result<u64, Error> {
-        match self.item.get(attr) {
-            Some(AttributeValue::N(n)) => n.parse().map_err(|_| {
-                self.bad(format!(
-                    "attribute {attr:?} is not a non-negative integer: {n}"
-                ))
-            }),
-            Some(other) => Err(self.bad(format!("attribute {attr:?} is not a number: {other:?}"))),
-            None => Err(self.bad(format!("attribute {attr:?} is missing"))),
-        }
-    }
-
-    fn number_or_zero(&self, attr: &str) -> Result<u64, Error> {
-        if self.item.contains_key(attr) {
-            self.number(attr)
-        } else {
-            Ok(0)
-        }
-    }
-}
-
-/// Parses a lease item into the core's record, naming `key` in any error.
-pub(crate) fn parse_lease(key: &str, item: &Item) -> Result<Stored, Error> {
-    let f = Fields { item, name: key };
-    let holder = HolderId::new(f.string(attr::HOLDER)?).map_err(|e| f.bad(e.to_string()))?;
-    let state = match f.string(attr::STATE)? {
-        HELD => LeaseState::Held,
-        RELEASED => LeaseState::Released,
-        other => return Err(f.bad(format!("state {other:?} is neither held nor released"))),
-    };
-    let nonce_text = f.string(attr::NONCE)?;
-    let nonce = parse_nonce(nonce_text)
-        .ok_or_else(|| f.bad(format!("nonce {nonce_text:?} is not 16 hex digits")))?;
-    let mut metadata = Metadata::new();
-    match item.get(attr::META) {
-        None => {}
-        Some(AttributeValue::M(m)) => {
-            for (k, v) in m {
-                let AttributeValue::S(v) = v else {
-                    return Err(f.bad(format!("metadata {k:?} is not a string")));
-                };
-                metadata.insert(k.clone(), v.clone());
-            }
-        }
-        Some(other) => return Err(f.bad(format!("metadata is not a map: {other:?}"))),
-    }
-    let rev = f.number(attr::REV)?;
-    let record = LeaseRecord::from_parts(
-        key,
-        RecordParts {
-            holder,
-            token: f.number(attr::TOKEN)?,
-            ttl_ms: f.number(attr::TTL_MS)?,
-            state,
-            metadata,
-            nonce,
-            term_started_unix_ms: f.number_or_zero(attr::STARTED)?,
-            written_unix_ms: f.number_or_zero(attr::WRITTEN)?,
-        },
-    )?;
-    Ok(Stored {
-        record,
-        revision: revision_of(rev, nonce),
-    })
-}
-
-/// Parses a protected object, naming `object` in any error.
-/// Parses the token high-water mark item of lease `key`.
-pub(crate) fn parse_mark(key: &str, item: &Item) -> Result<FencingToken, Error> {
-    let found = item.get(attr::HIGH);
-    if let Some(AttributeValue::N(n)) = found
-        && let Ok(high) = n.parse::<u64>()
-    {
-        return Ok(FencingToken(high));
-    }
-    Err(Error::MalformedRecord {
-        key: key.to_owned(),
-        detail: format!(
-            "its token high-water mark item ({MARK_PREFIX}{key}) has no non-negative integer \
-             attribute {:?} (found {found:?}); set it to a number at least the highest fencing \
-             token ever issued for this key",
-            attr::HIGH
-        ),
-    })
-}
-
-pub(crate) fn parse_object(object: &str, item: &Item) -> Result<FencedObject, Error> {
-    let f = Fields { item, name: object };
-    let value = match item.get(attr::VALUE) {
-        Some(AttributeValue::B(b)) => b.as_ref().to_vec(),
-        None => Vec::new(),
-        Some(other) => return Err(f.bad(format!("value is not binary: {other:?}"))),
-    };
-    Ok(FencedObject {
-        fence: FencingToken(f.number(attr::FENCE)?),
-        value,
-        revision: Revision::new(f.string(attr::OBJECT_REV)?),
-    })
-}
-
 impl DynamoStore {
     /// The table this store uses.
     pub fn table(&self) -> &str {
@@ -327,7 +147,7 @@ impl DynamoStore {
     }
 
     /// The SDK settings of one attempt: no SDK retries, and nothing outlives `remaining`.
-    fn attempt_config(remaining: Duration) -> aws_sdk_dynamodb::config::Builder {
+    pub(crate) fn attempt_config(remaining: Duration) -> aws_sdk_dynamodb::config::Builder {
         let remaining = remaining.max(Duration::from_millis(1));
         aws_sdk_dynamodb::config::Builder::default()
             .retry_config(RetryConfig::disabled())
@@ -343,7 +163,7 @@ impl DynamoStore {
 
     /// The retry policy of one call of `op` within `budget`: the core's, with this store's
     /// backoff.
-    fn call(&self, op: Op, budget: Duration) -> Call {
+    pub(crate) fn call(&self, op: Op, budget: Duration) -> Call {
         let call = if op.mutates() {
             Call::write(op.name(), budget)
         } else {
@@ -778,138 +598,6 @@ impl DynamoStore {
             },
         )
     }
-
-    /// Checks that the table exists with the right key schema; creates it (on-demand billing)
-    /// if it is missing and `create` is set.
-    pub(crate) async fn ensure_table(&self, create: bool, wait: Duration) -> Result<(), Error> {
-        let budget = self.ctx.request_timeout.max(Duration::from_secs(5));
-        let described = self
-            .call(Op::Table, budget)
-            .run(|left| async move {
-                self.client
-                    .describe_table()
-                    .table_name(&self.ctx.table)
-                    .customize()
-                    .config_override(Self::attempt_config(left))
-                    .send()
-                    .await
-                    .map_err(|e| map_sdk(Op::Table, &self.ctx, e))
-            })
-            .await;
-        let table = match described {
-            Ok(out) => out.table,
-            Err(Error::NotFound { .. }) if create => {
-                self.create_table(budget).await?;
-                return self.wait_active(wait).await;
-            }
-            Err(e) => return Err(e),
-        };
-        let schema = table
-            .as_ref()
-            .map(|t| t.key_schema().to_vec())
-            .unwrap_or_default();
-        let types = table
-            .as_ref()
-            .map(|t| t.attribute_definitions().to_vec())
-            .unwrap_or_default();
-        let pk_is_string = types.iter().any(|d| {
-            d.attribute_name() == self.partition_key
-                && *d.attribute_type() == ScalarAttributeType::S
-        });
-        let ok = schema.len() == 1
-            && schema.iter().all(|k| {
-                k.attribute_name() == self.partition_key && *k.key_type() == KeyType::Hash
-            })
-            && pk_is_string;
-        if !ok {
-            let found = schema
-                .iter()
-                .map(|k| format!("{} ({})", k.attribute_name(), k.key_type().as_str()))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let source = DynamoError::KeySchema {
-                table: self.ctx.table.clone(),
-                found: if found.is_empty() {
-                    "unknown".to_owned()
-                } else {
-                    found
-                },
-                expected: self.partition_key.clone(),
-            };
-            return Err(Error::InvalidConfig {
-                message: source.to_string(),
-                source: Some(Box::new(source)),
-            });
-        }
-        Ok(())
-    }
-
-    async fn create_table(&self, budget: Duration) -> Result<(), Error> {
-        let bad =
-            |e: aws_sdk_dynamodb::error::BuildError| Error::backend("building CreateTable", e);
-        let definition = AttributeDefinition::builder()
-            .attribute_name(&self.partition_key)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .map_err(bad)?;
-        let key = KeySchemaElement::builder()
-            .attribute_name(&self.partition_key)
-            .key_type(KeyType::Hash)
-            .build()
-            .map_err(bad)?;
-        tracing::info!(table = %self.ctx.table, "creating the DynamoDB table (on-demand)");
-        let created = self
-            .client
-            .create_table()
-            .table_name(&self.ctx.table)
-            .attribute_definitions(definition)
-            .key_schema(key)
-            .billing_mode(BillingMode::PayPerRequest)
-            .customize()
-            .config_override(Self::attempt_config(budget))
-            .send()
-            .await;
-        match created {
-            Ok(_) => Ok(()),
-            // Another instance created it first.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_in_use_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(map_sdk(Op::Table, &self.ctx, e)),
-        }
-    }
-
-    async fn wait_active(&self, wait: Duration) -> Result<(), Error> {
-        let until = Instant::now() + wait;
-        loop {
-            let status = self
-                .client
-                .describe_table()
-                .table_name(&self.ctx.table)
-                .customize()
-                .config_override(Self::attempt_config(self.ctx.request_timeout))
-                .send()
-                .await
-                .ok()
-                .and_then(|out| out.table.and_then(|t| t.table_status));
-            if status == Some(TableStatus::Active) {
-                return Ok(());
-            }
-            if Instant::now() >= until {
-                return Err(Error::Unavailable {
-                    message: format!(
-                        "DynamoDB table {:?} did not become active within {wait:?}",
-                        self.ctx.table
-                    ),
-                    source: None,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
 }
 
 #[async_trait]
@@ -955,78 +643,5 @@ impl FencedCas for DynamoStore {
         value: &[u8],
     ) -> Result<ObjectWrite, Error> {
         self.transact_fenced(fence, object, expected, value).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)]
-
-    use super::*;
-    use leader_core::ErrorKind;
-
-    fn item(pairs: &[(&str, AttributeValue)]) -> Item {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect()
-    }
-
-    fn good() -> Item {
-        item(&[
-            (attr::HOLDER, AttributeValue::S("a".into())),
-            (attr::REV, num(3)),
-            (attr::TOKEN, num(7)),
-            (attr::TTL_MS, num(1500)),
-            (attr::STATE, AttributeValue::S("held".into())),
-            (
-                attr::META,
-                AttributeValue::M(HashMap::from([(
-                    "addr".to_owned(),
-                    AttributeValue::S("10.0.0.1".into()),
-                )])),
-            ),
-            (attr::NONCE, AttributeValue::S("00000000deadbeef".into())),
-        ])
-    }
-
-    #[test]
-    fn lease_items_parse() {
-        let s = parse_lease("k", &good()).unwrap();
-        assert_eq!(s.record.token, FencingToken(7));
-        assert_eq!(s.record.ttl, Duration::from_millis(1500));
-        assert_eq!(s.record.metadata["addr"], "10.0.0.1");
-        assert_eq!(s.revision.as_str(), "3.00000000deadbeef");
-        assert_eq!(
-            parse_revision(&s.revision),
-            Some((3, "00000000deadbeef".to_owned()))
-        );
-    }
-
-    #[test]
-    fn malformed_lease_items_name_the_key_and_the_field() {
-        let cases: [(&str, AttributeValue, &str); 5] = [
-            (attr::TOKEN, AttributeValue::S("x".into()), "token"),
-            (attr::TOKEN, num(0), "token is zero"),
-            (attr::STATE, AttributeValue::S("maybe".into()), "maybe"),
-            (attr::NONCE, AttributeValue::S("xyz".into()), "nonce"),
-            (attr::META, AttributeValue::S("x".into()), "metadata"),
-        ];
-        for (attr_name, value, expected) in cases {
-            let mut it = good();
-            it.insert(attr_name.to_owned(), value);
-            let e = parse_lease("jobs", &it).unwrap_err();
-            let msg = e.to_string();
-            assert_eq!(e.kind(), ErrorKind::MalformedRecord);
-            assert!(msg.contains("jobs") && msg.contains(expected), "{msg}");
-        }
-        let mut it = good();
-        it.remove(attr::HOLDER);
-        assert!(
-            parse_lease("jobs", &it)
-                .unwrap_err()
-                .to_string()
-                .contains("missing")
-        );
     }
 }

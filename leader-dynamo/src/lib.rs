@@ -125,6 +125,9 @@
 mod builder;
 mod client;
 mod error;
+mod item;
+mod table;
 
 pub use builder::DynamoBuilder;
-pub use client::{DynamoStore, LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX};
+pub use client::DynamoStore;
+pub use item::{LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX};
