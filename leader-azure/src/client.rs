@@ -34,11 +34,11 @@ use azure_storage_blob::models::{
     BlobClientRenewLeaseOptions, BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
-use leader_core::backend::{Call, FencedCas, ObjectWrite};
+use leader_core::backend::{Call, FencedCas, FencedPut, ObjectWrite};
 use leader_core::{
-    ConfigError, Error, Expected, ExpiryModel, Fence, FencedObject, FencingToken, LeaseBackend,
-    LeaseKey, LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing, WriteKind,
-    WriteNonce, WriteOutcome, WriteRequest,
+    ConfigError, Error, Expected, ExpiryModel, FencedObject, FencingToken, LeaseBackend, LeaseKey,
+    LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -892,13 +892,14 @@ impl FencedCas for AzureLeaseStore {
         self.bounded_read("reading the fenced object", work).await
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         let blob = self.container.blob_client(&Self::object_blob_name(object));
         let cond = match expected {
             Expected::Absent => Cond::Absent,

@@ -299,7 +299,8 @@ impl<S: FencedCas + ?Sized> FencedStore for S {
                 Some(current) => Expected::Revision(current.revision),
                 None => Expected::Absent,
             };
-            match self.put_fenced_if(fence, object, &expected, value).await? {
+            let put = FencedPut::new(fence, object, &expected, value);
+            match self.put_fenced_if(put).await? {
                 ObjectWrite::Written(revision) => {
                     return Ok(FencedObject {
                         fence: fence.token,
@@ -336,8 +337,8 @@ pub enum ObjectWrite {
 /// # Contract
 /// 1. [`get_fenced`](Self::get_fenced) returns the object's fence (the token of the write that
 ///    made it), value and a revision that changes on every applied write.
-/// 2. [`put_fenced_if`](Self::put_fenced_if) stores `value` with `fence.token` as the object's
-///    fence only if the object is as `expected` at the instant the write applies, atomically
+/// 2. [`put_fenced_if`](Self::put_fenced_if) stores the value with the fence's token as the
+///    object's fence only if the object is as expected at the instant the write applies, atomically
 ///    (the store's conditional write: a generation, an ETag, a condition expression). A failed
 ///    condition is [`ObjectWrite::Conflict`] and writes nothing; an unknown outcome is
 ///    [`Error::Indeterminate`]; any other error promises that nothing was written. Never
@@ -359,7 +360,8 @@ pub trait FencedCas: Send + Sync + fmt::Debug {
     /// Cancel-safe.
     async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error>;
 
-    /// Writes `value` with `fence.token` as the fence if `object` is as `expected`.
+    /// Writes `put.value` with `put.fence.token` as the fence if `put.object` is as
+    /// `put.expected`.
     ///
     /// # Errors
     /// [`Error::Indeterminate`] if the write may have been applied; [`Error::Fenced`] if the
@@ -368,13 +370,39 @@ pub trait FencedCas: Send + Sync + fmt::Debug {
     ///
     /// # Cancel safety
     /// Not cancel-safe: a cancelled write may still be applied (with its condition).
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error>;
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error>;
+}
+
+/// One conditional write of a protected object: store `value` with `fence.token` as the
+/// object's fence if the object is as `expected`.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct FencedPut<'a> {
+    /// The writer's lease, holder and token.
+    pub fence: &'a Fence,
+    /// The protected object.
+    pub object: &'a ObjectName,
+    /// The condition: the object absent, or at the revision the writer read.
+    pub expected: &'a Expected,
+    /// The new content.
+    pub value: &'a [u8],
+}
+
+impl<'a> FencedPut<'a> {
+    /// A write of `value` to `object` by `fence` on condition `expected`.
+    pub fn new(
+        fence: &'a Fence,
+        object: &'a ObjectName,
+        expected: &'a Expected,
+        value: &'a [u8],
+    ) -> Self {
+        Self {
+            fence,
+            object,
+            expected,
+            value,
+        }
+    }
 }
 
 /// The first line of a protected object stored as bytes, before the token.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteKind,
+    Expected, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind,
     WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
 };
 use crate::error::Error;
@@ -670,13 +670,14 @@ impl FencedCas for FileStore {
         .await
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         let store = self.clone();
         let (object, expected, value) = (object.clone(), expected.clone(), value.to_vec());
         let token = fence.token;

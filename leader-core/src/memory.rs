@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteKind,
+    Expected, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind,
     WriteOutcome, WriteRequest,
 };
 use crate::error::Error;
@@ -128,13 +128,14 @@ impl FencedCas for MemoryStore {
         Ok(self.lock().objects.get(object.as_str()).cloned())
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         let mut state = self.lock();
         let current = state.objects.get(object.as_str()).map(|o| &o.revision);
         let matches = match expected {

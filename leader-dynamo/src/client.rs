@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, ReturnValue, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem, Update,
 };
-use leader_core::backend::{Backoff, Call, FencedCas, ObjectWrite};
+use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite};
 use leader_core::{
     ConfigError, Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey,
     LeaseRecord, ObjectName, Revision, Stored, Timing, WriteKind, WriteOutcome, WriteRequest,
@@ -635,13 +635,14 @@ impl FencedCas for DynamoStore {
             .transpose()
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         self.transact_fenced(fence, object, expected, value).await
     }
 }

@@ -9,11 +9,13 @@ use bytes::Bytes;
 use google_cloud_storage::Error as SdkError;
 use google_cloud_storage::client::Storage;
 use google_cloud_storage::stub::{DefaultStorage, Storage as Stub};
-use leader_core::backend::{Backoff, Call, FencedCas, ObjectWrite, decode_fenced, encode_fenced};
+use leader_core::backend::{
+    Backoff, Call, FencedCas, FencedPut, ObjectWrite, decode_fenced, encode_fenced,
+};
 use leader_core::{
-    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey,
-    LeaseRecord, LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce,
-    WriteOutcome, WriteRequest,
+    ConfigError, Error, Expected, FencedObject, FencingToken, LeaseBackend, LeaseKey, LeaseRecord,
+    LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce, WriteOutcome,
+    WriteRequest,
 };
 
 use crate::builder::GcsBuilder;
@@ -320,13 +322,14 @@ impl<S: Stub + 'static> FencedCas for GcsStore<S> {
             .transpose()
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         let if_generation = match expected {
             Expected::Absent => 0,
             // A revision this store did not hand out matches no object.

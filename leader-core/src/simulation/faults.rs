@@ -10,7 +10,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::ExpiryModel;
 use crate::backend::{
-    Expected, Fence, FencedCas, FencedObject, LeaseBackend, ObjectWrite, Stored, WriteOutcome,
+    FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteOutcome,
     WriteRequest,
 };
 use crate::config::Timing;
@@ -381,33 +381,24 @@ impl<S: FencedCas + 'static> FencedCas for FaultyStore<S> {
         self.read_through(self.inner.get_fenced(object)).await
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
         self.write_through(
             "fenced write",
             true,
-            (fence, object, expected, value),
-            |(fence, object, expected, value)| {
-                self.inner.put_fenced_if(fence, object, expected, value)
-            },
+            put,
+            |put| self.inner.put_fenced_if(put),
             // Conditional as ever: refused if the object changed meanwhile.
-            |(fence, object, expected, value)| {
+            |put| {
                 let inner = self.inner.clone();
                 let (fence, object, expected, value) = (
-                    fence.clone(),
-                    object.clone(),
-                    expected.clone(),
-                    value.to_vec(),
+                    put.fence.clone(),
+                    put.object.clone(),
+                    put.expected.clone(),
+                    put.value.to_vec(),
                 );
                 async move {
-                    let _ = inner
-                        .put_fenced_if(&fence, &object, &expected, &value)
-                        .await;
+                    let put = FencedPut::new(&fence, &object, &expected, &value);
+                    let _ = inner.put_fenced_if(put).await;
                 }
             },
         )
@@ -418,7 +409,7 @@ impl<S: FencedCas + 'static> FencedCas for FaultyStore<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{FencedStore, WriteKind};
+    use crate::backend::{Expected, Fence, FencedStore, WriteKind};
     use crate::memory::MemoryStore;
     use crate::model::{FencingToken, HolderId, LeaseRecord, Metadata, TermId, WriteNonce};
     use tokio::time::timeout;

@@ -50,7 +50,7 @@ use candidate::*;
 use world::*;
 
 use crate::backend::{
-    Expected, Fence, FencedCas, FencedObject, FencedStore, LeaseBackend, ObjectWrite, Stored,
+    Expected, FencedCas, FencedObject, FencedPut, FencedStore, LeaseBackend, ObjectWrite, Stored,
     WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;

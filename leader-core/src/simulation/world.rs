@@ -275,13 +275,13 @@ impl FencedCas for Resource {
         Ok(found)
     }
 
-    async fn put_fenced_if(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            value,
+            ..
+        } = put;
         let store = &self.world.store;
         let outcome = if self.world.config.negative == NegativeControl::UnfencedResource {
             // ... and writes whatever arrives, on no condition.
@@ -289,9 +289,11 @@ impl FencedCas for Resource {
                 Some(o) => Expected::Revision(o.revision),
                 None => Expected::Absent,
             };
-            store.put_fenced_if(fence, object, &now, value).await
+            store
+                .put_fenced_if(FencedPut::new(fence, object, &now, value))
+                .await
         } else {
-            store.put_fenced_if(fence, object, expected, value).await
+            store.put_fenced_if(put).await
         };
         if let Ok(ObjectWrite::Written(_)) = outcome {
             self.world.log(Event::Write {
