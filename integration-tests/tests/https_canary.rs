@@ -145,7 +145,8 @@ async fn gcs_canary_over_https() {
     if !in_child_with_ca("gcs_canary_over_https", &tls, &env) {
         return;
     }
-    let store = leader_gcs::GcsBuilder::new(bucket)
+    let store = leader_gcs::GcsBuilder::new()
+        .with_bucket(bucket)
         .with_endpoint(&tls.gcs)
         .with_application_default_credentials()
         .build()

@@ -1,8 +1,7 @@
-//! Configuration of an [`AzureLeaseStore`]: endpoint, container, credentials, request timeout.
+//! Configuration of an [`AzureLeaseStore`]: endpoint, container, credentials.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use azure_core::credentials::TokenCredential;
 use azure_core::http::policies::Policy;
@@ -12,7 +11,7 @@ use azure_identity::{
     UserAssignedId, WorkloadIdentityCredential,
 };
 use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
-use leader_core::{Error, Timing};
+use leader_core::Error;
 
 use crate::auth::SharedKeyPolicy;
 use crate::client::AzureLeaseStore;
@@ -69,7 +68,6 @@ pub struct AzureLeaseStoreBuilder {
     endpoint: Option<String>,
     container: Option<String>,
     credential: Option<Credential>,
-    request_timeout: Duration,
     create_container: bool,
 }
 
@@ -80,15 +78,13 @@ impl Default for AzureLeaseStoreBuilder {
 }
 
 impl AzureLeaseStoreBuilder {
-    /// An empty configuration with the default request timeout (that of
-    /// [`Timing::default`], 1.5 s).
+    /// An empty configuration: set an endpoint (or account), a container and credentials.
     pub fn new() -> Self {
         Self {
             account: None,
             endpoint: None,
             container: None,
             credential: None,
-            request_timeout: Timing::default().request_timeout,
             create_container: false,
         }
     }
@@ -172,7 +168,6 @@ impl AzureLeaseStoreBuilder {
                 "UseDevelopmentStorage" if value.trim().eq_ignore_ascii_case("true") => {
                     self = Self {
                         container: self.container,
-                        request_timeout: self.request_timeout,
                         create_container: self.create_container,
                         ..Self::new().with_emulator(EMULATOR_ENDPOINT)
                     };
@@ -257,15 +252,6 @@ impl AzureLeaseStoreBuilder {
         self
     }
 
-    /// The limit on every call to the service, including the SDK's connection and token
-    /// requests; the SDK does not retry. Use at most the elector's request timeout
-    /// ([`Timing::request_timeout`]); the store refuses a longer one in
-    /// [`check_timing`](leader_core::LeaseBackend::check_timing).
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
     /// Creates the container when [`AzureLeaseStore::ensure_container`] finds it missing
     /// (off by default: a missing container is an error).
     pub fn with_create_container_if_missing(mut self, create: bool) -> Self {
@@ -296,11 +282,6 @@ impl AzureLeaseStoreBuilder {
                 .into());
             }
         };
-        if self.request_timeout.is_zero() {
-            return Err(
-                AzureError::Config("the request timeout must be above zero".to_owned()).into(),
-            );
-        }
         let credential = self.credential.ok_or_else(|| {
             AzureError::Config(
                 "no credential: set an access key, a SAS token, a connection string or an Entra ID identity".to_owned(),
@@ -337,9 +318,9 @@ impl AzureLeaseStoreBuilder {
         }
 
         leader_core::tls::install_crypto_provider();
+        // No timeouts here: each call ends by the elector's request timeout for it
+        // (leader_core::backend::within), connection and token requests included.
         let http = reqwest::Client::builder()
-            .timeout(self.request_timeout)
-            .connect_timeout(self.request_timeout)
             .build()
             .map_err(|e| AzureError::Config(format!("could not build the HTTP client: {e}")))?;
         let client_options = ClientOptions {
@@ -358,7 +339,6 @@ impl AzureLeaseStoreBuilder {
         Ok(AzureLeaseStore::new(
             client,
             container,
-            self.request_timeout,
             self.create_container,
         ))
     }
@@ -520,11 +500,6 @@ mod tests {
                 .to_string()
                 .contains("invalid container name")
         );
-        let zero = AzureLeaseStoreBuilder::new()
-            .with_emulator("http://127.0.0.1:1/devstoreaccount1")
-            .with_container("leases")
-            .with_request_timeout(Duration::ZERO);
-        assert!(zero.build().is_err());
         let http_identity = AzureLeaseStoreBuilder::new()
             .with_endpoint("http://127.0.0.1:1/devstoreaccount1")
             .with_container("leases")

@@ -34,7 +34,7 @@ use azure_storage_blob::models::{
     BlobClientRenewLeaseOptions, BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
-use leader_core::backend::{Call, FencedCas, FencedPut, ObjectWrite};
+use leader_core::backend::{Call, FencedCas, FencedPut, ObjectWrite, call_budget, call_deadline};
 use leader_core::{
     ConfigError, Error, Expected, ExpiryModel, FencedObject, FencingToken, LeaseBackend, LeaseKey,
     LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing, WriteKind, WriteNonce,
@@ -64,7 +64,7 @@ const LEASED: &str = "leased";
 const AVAILABLE: &str = "available";
 /// The lease-state part of a revision read by a term whose lease the blob does not have.
 const NOT_OURS: &str = "not-ours";
-/// An acquire-lease call may take this share of the request timeout (1/3), so that a call
+/// An acquire-lease call may take this share of the call's time (1/3), so that a call
 /// whose answer is lost can be asked again, with the same lease id, within the timeout.
 const LEASE_ATTEMPT_SHARE: u32 = 3;
 /// The pause before asking again for a lease whose answer was lost or failed.
@@ -91,7 +91,6 @@ fn etag_of(revision: &Revision) -> &str {
 pub struct AzureLeaseStore {
     container: Arc<BlobContainerClient>,
     container_name: String,
-    request_timeout: Duration,
     create_container: bool,
 }
 
@@ -102,7 +101,6 @@ impl fmt::Debug for AzureLeaseStore {
         url.set_query(None);
         f.debug_struct("AzureLeaseStore")
             .field("container", &url.as_str())
-            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -150,13 +148,11 @@ impl AzureLeaseStore {
     pub(crate) fn new(
         container: BlobContainerClient,
         container_name: String,
-        request_timeout: Duration,
         create_container: bool,
     ) -> Self {
         Self {
             container: Arc::new(container),
             container_name,
-            request_timeout,
             create_container,
         }
     }
@@ -164,11 +160,6 @@ impl AzureLeaseStore {
     /// The container's name.
     pub fn container_name(&self) -> &str {
         &self.container_name
-    }
-
-    /// The request timeout every call is bounded by.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
     }
 
     /// The name of the blob that holds the lease of `key`.
@@ -234,9 +225,7 @@ impl AzureLeaseStore {
         Fut: Future<Output = Result<T, Error>>,
     {
         let mut attempt = attempt;
-        Call::read(operation, self.request_timeout)
-            .run(|_| attempt())
-            .await
+        Call::read(operation).run(|_| attempt()).await
     }
 
     async fn fetch(&self, blob: &BlobClient) -> Result<Option<Fetched>, azure_core::Error> {
@@ -390,7 +379,7 @@ impl AzureLeaseStore {
             blob_name: Self::lease_blob_name(&req.key),
             lease_id,
             etag: base,
-            timeout: self.request_timeout,
+            timeout: call_budget(),
             armed: false,
         };
         let Some(leased) = self
@@ -446,7 +435,7 @@ impl AzureLeaseStore {
     /// is asked again with the *same* proposed lease id: the service grants a lease that is
     /// already active with that id again (Azure and Azurite both accept an acquire with the
     /// active lease id as proposed id, restarting its duration), so a retry recovers a lease
-    /// that the lost call took. Each call may take a third of the request timeout; attempts
+    /// that the lost call took. Each call may take a third of the call's time; attempts
     /// go on until `deadline`. If none is answered, `pending` stays armed, and the caller's
     /// dropping it releases the lease id in the background.
     async fn take_lease(
@@ -457,7 +446,7 @@ impl AzureLeaseStore {
         deadline: Instant,
         pending: &mut PendingLease,
     ) -> Result<Option<String>, Error> {
-        let per_attempt = self.request_timeout / LEASE_ATTEMPT_SHARE;
+        let per_attempt = deadline.saturating_duration_since(Instant::now()) / LEASE_ATTEMPT_SHARE;
         let mut attempts = 0u32;
         let mut last: Option<Error> = None;
         loop {
@@ -515,7 +504,7 @@ impl AzureLeaseStore {
         warn!(%key, attempts, "no answer to the lease call within the request timeout; releasing its lease id");
         let message = format!(
             "the lease of {key} could not be taken: no answer to the lease call within {:?} ({attempts} attempts with the same lease id); nothing was written, and the lease id is being released",
-            self.request_timeout
+            call_budget()
         );
         Err(Error::Unavailable {
             message,
@@ -783,17 +772,7 @@ impl LeaseBackend for AzureLeaseStore {
     }
 
     fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
-        check_lease_duration(timing.ttl)?;
-        if self.request_timeout > timing.request_timeout {
-            return Err(ConfigError::Unsupported {
-                backend: "Azure Blob",
-                reason: format!(
-                    "the store's request timeout {:?} is longer than the elector's {:?}; lower it with with_request_timeout",
-                    self.request_timeout, timing.request_timeout
-                ),
-            });
-        }
-        Ok(())
+        check_lease_duration(timing.ttl)
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
@@ -848,7 +827,8 @@ impl LeaseBackend for AzureLeaseStore {
         let blob = self
             .container
             .blob_client(&Self::lease_blob_name(&request.key));
-        let deadline = Instant::now() + self.request_timeout;
+        let deadline = call_deadline();
+        let budget = call_budget();
         let work = async {
             match request.kind {
                 WriteKind::Acquire => self.acquire(&blob, &request, deadline).await,
@@ -856,12 +836,12 @@ impl LeaseBackend for AzureLeaseStore {
                 WriteKind::Release => self.release(&blob, &request).await,
             }
         };
-        let outcome = tokio::time::timeout(self.request_timeout, work)
+        let outcome = tokio::time::timeout_at(deadline, work)
             .await
             .map_err(|_| {
                 Error::indeterminate(format!(
                     "writing the lease of {} did not finish within {:?}",
-                    request.key, self.request_timeout
+                    request.key, budget
                 ))
             })??;
         if let WriteOutcome::Written(s) = &outcome {
@@ -906,7 +886,7 @@ impl FencedCas for AzureLeaseStore {
             Expected::Revision(etag) => Cond::Matches(etag.as_str()),
         };
         let metadata = HashMap::from([(META_FENCE.to_owned(), fence.token.to_string())]);
-        Call::write("writing the fenced object", self.request_timeout)
+        Call::write("writing the fenced object")
             .run(|_| {
                 let upload = self.upload(&blob, value.to_vec(), metadata.clone(), cond, None);
                 async move {

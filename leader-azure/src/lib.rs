@@ -49,7 +49,8 @@
 //! [`AzureLeaseStoreBuilder::with_emulator`] points at Azurite.
 //!
 //! # Guarantees and limits
-//! - Every call is bounded by the store's request timeout (default 1.5 s), and the SDK does
+//! - Every call ends by the elector's request timeout for it ([`leader_core::Timing`]: ttl / 10,
+//!   1.5 s for the 15 s ttl), connection and token requests included, and the SDK does
 //!   not retry: reads and fenced uploads go through the core's one retry loop
 //!   ([`leader_core::backend::Call`]: throttling and unavailability only), and the lease
 //!   logic in `leader-core` decides what else to retry (the one exception, the lease call of

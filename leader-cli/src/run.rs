@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use clap::Args;
+use leader_core::backend::within;
 use leader_core::{
     ConfigError, Elector, ElectorHandle, ErrorKind, HolderId, Leadership, Metadata, Term, Timing,
 };
@@ -209,7 +210,7 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
         .map(HolderId::new)
         .transpose()
         .map_err(config)?;
-    let (backend, key) = store::open(&url, &args.store_options, planned.request_timeout).await?;
+    let (backend, key) = store::open(&url, &args.store_options).await?;
     let mut builder = Elector::builder(backend.clone(), key.clone())
         .timing(planned)
         .metadata(meta);
@@ -229,7 +230,7 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     }
 
     // Errors retrying cannot fix end the run now; others are retried by the elector.
-    match tokio::time::timeout(timing.request_timeout * 2, backend.read(&key)).await {
+    match within(timing.request_timeout * 2, backend.read(&key)).await {
         Err(_) => warn!("the store did not answer yet; campaigning anyway (retrying)"),
         Ok(Err(e)) if e.kind() == ErrorKind::MalformedRecord => {
             warn!(error = %e, "the lease record is malformed; waiting for an operator");

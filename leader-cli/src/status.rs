@@ -19,12 +19,7 @@ pub(crate) struct StatusArgs {
 
 pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
     let url = store::parse(&args.store)?;
-    let (backend, key) = store::open(
-        &url,
-        &args.store_options,
-        leader_core::Timing::default().request_timeout,
-    )
-    .await?;
+    let (backend, key) = store::open(&url, &args.store_options).await?;
     let current = backend
         .read(&key)
         .await

@@ -1,7 +1,6 @@
 //! Store URLs: which backend, where, and which key.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use leader_core::{Error, LeaseBackend, LeaseKey};
@@ -36,16 +35,14 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
 }
 
 /// Opens the store through the `leader` crate, checking that its folder, container, table or
-/// bucket exists (or creating it, if asked), with `request_timeout` on every call.
+/// bucket exists (or creating it, if asked).
 pub(crate) async fn open(
     url: &StoreUrl,
     options: &StoreOptions,
-    request_timeout: Duration,
 ) -> Result<(Arc<dyn LeaseBackend>, LeaseKey), Exit> {
     let mut open = leader::OpenOptions::new()
         .with_emulator(options.emulator)
-        .with_create_if_missing(options.create_if_missing)
-        .with_request_timeout(request_timeout);
+        .with_create_if_missing(options.create_if_missing);
     if let Some(endpoint) = &options.endpoint {
         open = open.with_endpoint(endpoint.clone());
     }
@@ -80,6 +77,7 @@ pub(crate) fn unavailable(e: &Error) -> Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_malformed_url_is_a_usage_error() {

@@ -5,7 +5,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-pub use crate::call::{Backoff, Call, may_retry};
+pub use crate::call::{
+    Backoff, Call, DEFAULT_BUDGET, call_budget, call_deadline, may_retry, within,
+};
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
 use crate::model::{FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId};

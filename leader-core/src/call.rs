@@ -7,15 +7,63 @@
 //! unavailability are retried for reads and writes alike, and an ambiguous write is never
 //! retried (the core re-reads to decide it). The SDK's own retries stay off, so this is the
 //! only loop.
+//!
+//! How long a call may take is the caller's to say, per call: the core runs every store call
+//! it makes [`within`] its request timeout ([`Timing::request_timeout`](crate::Timing), or
+//! less when a renew must end by the term's deadline), and the backend's [`Call`]s inherit
+//! that deadline ([`call_deadline`]). A call outside [`within`] (a user's fenced write, a
+//! builder's check) gets [`DEFAULT_BUDGET`].
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 use tracing::debug;
 
 use crate::error::{Error, ErrorKind};
 use crate::rand::Rng;
+
+tokio::task_local! {
+    /// The deadline and the budget of the store call the current task is making, set by
+    /// [`within`].
+    static SCOPE: (Instant, Duration);
+}
+
+/// The time a store call may take when no caller said (outside [`within`]): 2 s, the
+/// longest default request timeout.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
+
+/// The instant by which the current store call must end: the deadline [`within`] set for it,
+/// else [`DEFAULT_BUDGET`] from now.
+pub fn call_deadline() -> Instant {
+    SCOPE
+        .try_with(|(deadline, _)| *deadline)
+        .unwrap_or_else(|_| Instant::now() + DEFAULT_BUDGET)
+}
+
+/// The whole time the current store call was given (for messages): the budget of [`within`],
+/// else [`DEFAULT_BUDGET`].
+pub fn call_budget() -> Duration {
+    SCOPE
+        .try_with(|(_, budget)| *budget)
+        .unwrap_or(DEFAULT_BUDGET)
+}
+
+/// Runs the store call `call` within `budget`: the backend's [`Call`]s (and
+/// [`call_deadline`]) see the deadline, and the call is cut off there.
+///
+/// # Errors
+/// [`Elapsed`] if the call had not finished by the deadline.
+///
+/// # Cancel safety
+/// As cancel-safe as `call`.
+pub async fn within<F: Future>(budget: Duration, call: F) -> Result<F::Output, Elapsed> {
+    let deadline = Instant::now() + budget;
+    SCOPE
+        .scope((deadline, budget), tokio::time::timeout_at(deadline, call))
+        .await
+}
 
 /// Exponential backoff with jitter: each pause is drawn from `[d/2, d]`, and `d` doubles from
 /// `first` up to `max`.
@@ -105,14 +153,13 @@ enum Kind {
     Write,
 }
 
-/// One call to a store: what it does, how long it may take in all (retries included), and the
-/// backoff between its attempts.
+/// One call to a store: what it does, by when it must end (retries included: the deadline of
+/// [`within`], or [`with_budget`](Self::with_budget)), and the backoff between its attempts.
 ///
 /// ```
-/// # use std::time::Duration;
 /// # use leader_core::{Error, backend::Call};
 /// # async fn example() -> Result<(), Error> {
-/// let body = Call::read("reading the lease blob", Duration::from_secs(2))
+/// let body = Call::read("reading the lease blob")
 ///     .run(|left| async move {
 ///         // One attempt, given the time left; an SDK call would use `left` as its timeout.
 ///         let _ = left;
@@ -125,29 +172,36 @@ enum Kind {
 pub struct Call {
     kind: Kind,
     what: &'static str,
-    budget: Duration,
+    deadline: Instant,
     backoff: Backoff,
 }
 
 impl Call {
     /// A call that changes nothing; `what` names it in errors ("reading the lease blob").
-    pub fn read(what: &'static str, budget: Duration) -> Self {
-        Self::new(Kind::Read, what, budget)
+    pub fn read(what: &'static str) -> Self {
+        Self::new(Kind::Read, what)
     }
 
     /// A conditional write: retried only while the store says it applied nothing, and
     /// [`Error::Indeterminate`] if its time runs out.
-    pub fn write(what: &'static str, budget: Duration) -> Self {
-        Self::new(Kind::Write, what, budget)
+    pub fn write(what: &'static str) -> Self {
+        Self::new(Kind::Write, what)
     }
 
-    fn new(kind: Kind, what: &'static str, budget: Duration) -> Self {
+    fn new(kind: Kind, what: &'static str) -> Self {
         Self {
             kind,
             what,
-            budget,
+            deadline: call_deadline(),
             backoff: Backoff::DEFAULT,
         }
+    }
+
+    /// Gives the call `budget` from now instead of the caller's deadline: for calls that
+    /// are not part of an election (a builder's table check may wait longer).
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.deadline = Instant::now() + budget;
+        self
     }
 
     /// The backoff between attempts (default [`Backoff::DEFAULT`]).
@@ -171,9 +225,10 @@ impl Call {
         F: FnMut(Duration) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let deadline = Instant::now() + self.budget;
+        let deadline = self.deadline;
+        let budget = deadline.saturating_duration_since(Instant::now());
         // An attempt with less time than this is not worth starting.
-        let least = self.budget / 4;
+        let least = budget / 4;
         let mut pauses = self.backoff.pauses();
         let mut rng = Rng::from_entropy();
         loop {
@@ -181,7 +236,7 @@ impl Call {
             let error = match tokio::time::timeout(left, attempt(left)).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(error)) => error,
-                Err(_) => return Err(self.out_of_time()),
+                Err(_) => return Err(self.out_of_time(budget)),
             };
             let resume = Instant::now() + pauses.next(&mut rng);
             if !may_retry(&error) || resume + least >= deadline {
@@ -192,16 +247,15 @@ impl Call {
         }
     }
 
-    fn out_of_time(&self) -> Error {
+    fn out_of_time(&self, budget: Duration) -> Error {
         match self.kind {
             Kind::Read => Error::Timeout {
                 operation: self.what,
-                after: self.budget,
+                after: budget,
             },
-            Kind::Write => Error::indeterminate(format!(
-                "{} did not finish within {:?}",
-                self.what, self.budget
-            )),
+            Kind::Write => {
+                Error::indeterminate(format!("{} did not finish within {budget:?}", self.what))
+            }
         }
     }
 }
@@ -245,7 +299,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn throttled_attempts_are_retried_within_the_budget() {
-        let call = Call::write("w", Duration::from_secs(2));
+        let call = Call::write("w").with_budget(Duration::from_secs(2));
         let (result, attempts) =
             count(call, |n| if n < 3 { Err(throttled()) } else { Ok(n) }).await;
         assert_eq!(result.ok(), Some(3));
@@ -255,7 +309,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn endless_throttling_gives_up_before_the_deadline() {
         let started = Instant::now();
-        let call = Call::read("r", Duration::from_secs(1));
+        let call = Call::read("r").with_budget(Duration::from_secs(1));
         let (result, attempts) = count(call, |_| Err::<(), _>(throttled())).await;
         assert_eq!(result.err().map(|e| e.kind()), Some(ErrorKind::Throttled));
         assert!(attempts > 2, "{attempts}");
@@ -274,7 +328,7 @@ mod tests {
         ] {
             let kind = error.kind();
             let mut error = Some(error);
-            let call = Call::write("w", Duration::from_secs(2));
+            let call = Call::write("w").with_budget(Duration::from_secs(2));
             let (result, attempts) = count(call, |_| {
                 Err::<(), _>(error.take().unwrap_or_else(|| Error::unavailable("again")))
             })
@@ -287,11 +341,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_attempt_cut_off_by_the_budget_is_indeterminate_for_a_write_only() {
         for (call, kind) in [
-            (
-                Call::write("w", Duration::from_secs(1)),
-                ErrorKind::Indeterminate,
-            ),
-            (Call::read("r", Duration::from_secs(1)), ErrorKind::Timeout),
+            (Call::write("w"), ErrorKind::Indeterminate),
+            (Call::read("r"), ErrorKind::Timeout),
         ] {
             let result = call
                 .run(|_| async {
@@ -301,6 +352,35 @@ mod tests {
                 .await;
             assert_eq!(result.err().map(|e| e.kind()), Some(kind));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_inherits_the_deadline_of_within_and_defaults_outside_it() {
+        let started = Instant::now();
+        assert_eq!(call_deadline() - started, DEFAULT_BUDGET);
+        let seen = within(Duration::from_millis(300), async {
+            call_deadline() - started
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen, Duration::from_millis(300));
+        let budget = within(Duration::from_millis(300), async { call_budget() }).await;
+        assert_eq!(budget.ok(), Some(Duration::from_millis(300)));
+        assert_eq!(call_budget(), DEFAULT_BUDGET);
+        // A backend's call (made inside, as a backend method's body is) ends at that deadline
+        // with its own error, before it is cut off.
+        let r = within(Duration::from_millis(300), async {
+            Call::write("w")
+                .run(|_| std::future::pending::<Result<(), Error>>())
+                .await
+        })
+        .await;
+        assert!(started.elapsed() <= Duration::from_millis(300));
+        let inner = r.expect("the call ends by the deadline with its own answer");
+        assert_eq!(
+            inner.err().map(|e| e.kind()),
+            Some(ErrorKind::Indeterminate)
+        );
     }
 
     #[test]

@@ -4,12 +4,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backend::{
     Expected, ExpiryModel, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
+use crate::call::within;
 use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error};
 use crate::model::{
@@ -226,7 +227,7 @@ impl LeaseClient {
 
     async fn read(&mut self) -> Result<Option<Stored>, Error> {
         let limit = self.request_timeout();
-        let result = timeout(limit, self.backend.read(&self.key))
+        let result = within(limit, self.backend.read(&self.key))
             .await
             .map_err(|_| Error::Timeout {
                 operation: "reading the lease record",
@@ -240,7 +241,7 @@ impl LeaseClient {
 
     async fn read_for_term(&mut self, term: TermId) -> Result<Option<Stored>, Error> {
         let limit = self.request_timeout();
-        let result = timeout(limit, self.backend.read_for_term(&self.key, term))
+        let result = within(limit, self.backend.read_for_term(&self.key, term))
             .await
             .map_err(|_| Error::Timeout {
                 operation: "re-reading the lease record",
@@ -377,7 +378,7 @@ impl LeaseClient {
         let sent = Instant::now();
         let own = OwnWrite { nonce, sent, term };
         self.remember(own);
-        let outcome = timeout(self.request_timeout(), self.backend.write(request)).await;
+        let outcome = within(self.request_timeout(), self.backend.write(request)).await;
         let stored = match outcome {
             Ok(Ok(WriteOutcome::Written(stored))) => stored,
             Ok(Ok(WriteOutcome::Conflict { current })) => match current {
@@ -503,7 +504,7 @@ impl LeaseClient {
             term: held.term,
         });
         // `refused`: the store answered with a conflict, so this write was not applied.
-        let (current, refused) = match timeout(budget, self.backend.write(request)).await {
+        let (current, refused) = match within(budget, self.backend.write(request)).await {
             Ok(Ok(WriteOutcome::Written(stored))) => {
                 return Ok(self.renewed(held.term, stored, sent));
             }
@@ -562,7 +563,7 @@ impl LeaseClient {
         let budget = self
             .request_timeout()
             .min(deadline.saturating_duration_since(Instant::now()));
-        match timeout(budget, self.backend.read_for_term(&self.key, term)).await {
+        match within(budget, self.backend.read_for_term(&self.key, term)).await {
             Ok(Ok(found)) => {
                 if let Some(s) = &found {
                     self.note(s);
@@ -653,7 +654,7 @@ impl LeaseClient {
             sent: Instant::now(),
             term: held.term,
         });
-        let released = match timeout(self.request_timeout(), self.backend.write(request)).await {
+        let released = match within(self.request_timeout(), self.backend.write(request)).await {
             Ok(Ok(WriteOutcome::Written(_))) => true,
             Ok(Ok(WriteOutcome::Conflict { current })) => {
                 current.is_some_and(|c| c.record.nonce == nonce && c.record.holder == self.holder)

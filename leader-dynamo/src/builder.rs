@@ -1,10 +1,10 @@
-//! Configuration of a [`DynamoStore`]: the client, the table, the request timeout.
+//! Configuration of a [`DynamoStore`]: the client, the table, its partition key.
 
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-use leader_core::{Error, Timing};
+use leader_core::Error;
 
 use leader_core::backend::Backoff;
 
@@ -23,7 +23,6 @@ pub struct DynamoBuilder {
     endpoint: Option<String>,
     table: Option<String>,
     partition_key: String,
-    request_timeout: Duration,
     create_table_if_missing: bool,
     table_wait: Duration,
 }
@@ -42,9 +41,6 @@ impl DynamoBuilder {
     pub const TABLE_ENV: &'static str = "LEADER_DYNAMODB_TABLE";
 
     /// An empty builder: set a client and a table.
-    ///
-    /// The request timeout defaults to the core's default
-    /// ([`Timing::default`]`().request_timeout`, 1.5 s); set it to at most the elector's.
     pub fn new() -> Self {
         Self {
             client: None,
@@ -52,15 +48,14 @@ impl DynamoBuilder {
             endpoint: None,
             table: None,
             partition_key: Self::DEFAULT_PARTITION_KEY.to_owned(),
-            request_timeout: Timing::default().request_timeout,
             create_table_if_missing: false,
             table_wait: Duration::from_secs(60),
         }
     }
 
     /// Uses this SDK client (its credentials, region, endpoint and HTTP client). Its retry and
-    /// timeout settings are overridden per call: see
-    /// [`with_request_timeout`](Self::with_request_timeout).
+    /// timeout settings are overridden per call: no SDK retries, and each call ends by the
+    /// elector's request timeout ([`leader_core::Timing`]).
     pub fn with_client(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
@@ -84,14 +79,6 @@ impl DynamoBuilder {
     /// The name of the table's partition key attribute (a string; default `pk`).
     pub fn with_partition_key(mut self, name: impl Into<String>) -> Self {
         self.partition_key = name.into();
-        self
-    }
-
-    /// The limit on every call, retries and backoff included. Use at most the elector's
-    /// request timeout ([`LeaseBackend::check_timing`](leader_core::LeaseBackend::check_timing)
-    /// rejects a larger one).
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
         self
     }
 
@@ -201,9 +188,6 @@ impl DynamoBuilder {
                 self.partition_key
             )));
         }
-        if self.request_timeout.is_zero() {
-            return Err(invalid("the request timeout must be positive".to_owned()));
-        }
         let Some(mut client) = client else {
             return Err(invalid(
                 "no DynamoDB client is configured; call with_client, with_emulator or from_env"
@@ -226,7 +210,7 @@ impl DynamoBuilder {
     /// of the configured name (creating it if opted in), and returns the store.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a missing client or table name, a bad name or timeout, or a
+    /// [`Error::InvalidConfig`] for a missing client or table name, a bad name, or a
     /// table with another key schema; [`Error::NotFound`] if the table does not exist (and
     /// creating it was not asked for); any other [`Error`] of the `DescribeTable` call.
     ///
@@ -238,10 +222,7 @@ impl DynamoBuilder {
         let store = DynamoStore {
             client,
             partition_key: self.partition_key,
-            ctx: Context {
-                table,
-                request_timeout: self.request_timeout,
-            },
+            ctx: Context { table },
             backoff: Backoff::DEFAULT,
         };
         store
@@ -296,12 +277,6 @@ mod tests {
         assert!(err(emu().with_table("a b")).contains("not a valid"));
         assert!(err(emu().with_table("ab")).contains("not a valid"));
         assert!(err(emu().with_table("leases").with_partition_key("")).contains("partition key"));
-        assert!(
-            err(emu()
-                .with_table("leases")
-                .with_request_timeout(Duration::ZERO))
-            .contains("timeout")
-        );
         assert!(err(DynamoBuilder::new().with_table("leases")).contains("with_client"));
         assert!(
             err(emu().with_table("leases").with_endpoint("127.0.0.1:8000")).contains("http://")

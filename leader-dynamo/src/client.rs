@@ -19,10 +19,10 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, ReturnValue, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem, Update,
 };
-use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite};
+use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, call_deadline};
 use leader_core::{
-    ConfigError, Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey,
-    LeaseRecord, ObjectName, Revision, Stored, Timing, WriteKind, WriteOutcome, WriteRequest,
+    Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, LeaseRecord,
+    ObjectName, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -67,7 +67,6 @@ impl fmt::Debug for DynamoStore {
         f.debug_struct("DynamoStore")
             .field("table", &self.ctx.table)
             .field("partition_key", &self.partition_key)
-            .field("request_timeout", &self.ctx.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -141,11 +140,6 @@ impl DynamoStore {
         &self.partition_key
     }
 
-    /// The limit on each call, retries included.
-    pub fn request_timeout(&self) -> Duration {
-        self.ctx.request_timeout
-    }
-
     /// The SDK settings of one attempt: no SDK retries, and nothing outlives `remaining`.
     pub(crate) fn attempt_config(remaining: Duration) -> aws_sdk_dynamodb::config::Builder {
         let remaining = remaining.max(Duration::from_millis(1));
@@ -161,13 +155,12 @@ impl DynamoStore {
             )
     }
 
-    /// The retry policy of one call of `op` within `budget`: the core's, with this store's
-    /// backoff.
-    pub(crate) fn call(&self, op: Op, budget: Duration) -> Call {
+    /// The retry policy of one call of `op`: the core's, with this store's backoff.
+    pub(crate) fn call(&self, op: Op) -> Call {
         let call = if op.mutates() {
-            Call::write(op.name(), budget)
+            Call::write(op.name())
         } else {
-            Call::read(op.name(), budget)
+            Call::read(op.name())
         };
         call.with_backoff(self.backoff)
     }
@@ -179,10 +172,9 @@ impl DynamoStore {
         &self,
         op: Op,
         what: &'static str,
-        budget: Duration,
         items: Vec<TransactWriteItem>,
     ) -> Result<Result<(), ConditionFailed>, Error> {
-        self.call(op, budget)
+        self.call(op)
             .run(|left| {
                 let items = items.clone();
                 async move {
@@ -222,7 +214,7 @@ impl DynamoStore {
     }
 
     async fn get(&self, pk: (String, AttributeValue)) -> Result<Option<Item>, Error> {
-        self.call(Op::Read, self.ctx.request_timeout)
+        self.call(Op::Read)
             .run(|left| {
                 let pk = pk.clone();
                 async move {
@@ -331,7 +323,7 @@ impl DynamoStore {
         // Renews and releases keep the token: one `UpdateItem` of the lease item, the mark
         // is not touched.
         let outcome = self
-            .call(Op::Write, self.ctx.request_timeout)
+            .call(Op::Write)
             .run(|left| {
                 let lease = lease.clone();
                 async move {
@@ -385,17 +377,15 @@ impl DynamoStore {
         mut record: LeaseRecord,
         mut lease: LeaseUpdate,
     ) -> Result<WriteOutcome, Error> {
-        let deadline = Instant::now() + self.ctx.request_timeout;
+        let deadline = call_deadline();
+        let quarter = deadline.saturating_duration_since(Instant::now()) / 4;
         let proposed = record.token;
         for attempt in 0..MINT_ATTEMPTS {
             let left = deadline.saturating_duration_since(Instant::now());
-            if attempt > 0 && left < self.ctx.request_timeout / 4 {
+            if attempt > 0 && left < quarter {
                 break;
             }
-            match self
-                .transact_acquire(key, &lease, record.token, left)
-                .await?
-            {
+            match self.transact_acquire(key, &lease, record.token).await? {
                 Ok(()) => {
                     if record.token != proposed {
                         info!(
@@ -448,7 +438,6 @@ impl DynamoStore {
         key: &str,
         lease: &LeaseUpdate,
         token: FencingToken,
-        budget: Duration,
     ) -> Result<Result<(), ConditionFailed>, Error> {
         let build = |e: aws_sdk_dynamodb::error::BuildError| {
             Error::backend("building the acquiring transaction", e)
@@ -488,7 +477,7 @@ impl DynamoStore {
             TransactWriteItem::builder().update(lease_item).build(),
             TransactWriteItem::builder().update(mark_item).build(),
         ];
-        self.transact(Op::Write, "acquiring transaction", budget, items)
+        self.transact(Op::Write, "acquiring transaction", items)
             .await
     }
 
@@ -576,10 +565,9 @@ impl DynamoStore {
             TransactWriteItem::builder().condition_check(check).build(),
             TransactWriteItem::builder().update(update).build(),
         ];
-        let budget = self.ctx.request_timeout;
         Ok(
             match self
-                .transact(Op::FencedWrite, "fenced transaction", budget, items)
+                .transact(Op::FencedWrite, "fenced transaction", items)
                 .await?
             {
                 Ok(()) => ObjectWrite::Written(Revision::new(object_rev)),
@@ -602,22 +590,6 @@ impl DynamoStore {
 
 #[async_trait]
 impl LeaseBackend for DynamoStore {
-    /// Rejects a core request timeout shorter than this store's: the store's calls would then
-    /// be cut off by the core, and every write would end up indeterminate.
-    fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {
-        if timing.request_timeout < self.ctx.request_timeout {
-            return Err(ConfigError::Unsupported {
-                backend: "DynamoDB",
-                reason: format!(
-                    "the store's request timeout {:?} exceeds the elector's {:?}; build the \
-                     store with DynamoBuilder::with_request_timeout({:?}) or less",
-                    self.ctx.request_timeout, timing.request_timeout, timing.request_timeout
-                ),
-            });
-        }
-        Ok(())
-    }
-
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         self.read_lease(key).await
     }

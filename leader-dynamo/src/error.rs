@@ -4,8 +4,6 @@
 //! [`map_failure`] decides the semantic variant. The reduction is mechanical; the decision is
 //! unit-tested case by case.
 
-use std::time::Duration;
-
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -165,8 +163,6 @@ fn text<E>(err: &SdkError<E, HttpResponse>) -> String {
 pub(crate) struct Context {
     /// The table, as configured.
     pub(crate) table: String,
-    /// The per-request timeout.
-    pub(crate) request_timeout: Duration,
 }
 
 const THROTTLING: [&str; 4] = [
@@ -211,13 +207,13 @@ pub(crate) fn map_failure(
             message: format!(
                 "{} did not answer within {:?}",
                 op.name(),
-                ctx.request_timeout
+                leader_core::backend::call_budget()
             ),
             source,
         },
         Failure::TimedOut => Error::Timeout {
             operation: op.name(),
-            after: ctx.request_timeout,
+            after: leader_core::backend::call_budget(),
         },
         Failure::Dispatch { message, timeout } => {
             let what = if timeout { "timed out" } else { "failed" };
@@ -408,7 +404,6 @@ mod tests {
     fn ctx() -> Context {
         Context {
             table: "leases".to_owned(),
-            request_timeout: Duration::from_millis(500),
         }
     }
 

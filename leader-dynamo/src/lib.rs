@@ -25,15 +25,13 @@
 //! # #[cfg(feature = "from-env")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let ttl = Duration::from_secs(15);
 //! let store = DynamoBuilder::from_env()?
 //!     .with_table("leader-leases")
-//!     // At most the elector's request timeout (ttl / 10, at most 2 s, by default).
-//!     .with_request_timeout(Duration::from_millis(1500))
 //!     .build()
 //!     .await?;
 //! let elector = Elector::builder(Arc::new(store.clone()), LeaseKey::new("scheduler")?)
-//!     .ttl(ttl)
+//!     // Every store call ends by the request timeout (ttl / 10, at most 2 s, by default).
+//!     .ttl(Duration::from_secs(15))
 //!     .build()?;
 //! let handle = elector.spawn();
 //!
@@ -110,8 +108,8 @@
 //! # Requests and timeouts
 //!
 //! The SDK's own retries are disabled on every call; each call runs through the core's one
-//! retry loop ([`leader_core::backend::Call`]), bounded by the store's request timeout,
-//! retries included. Reads and writes retry only what DynamoDB rejected without applying
+//! retry loop ([`leader_core::backend::Call`]), bounded by the elector's request timeout for
+//! that call ([`leader_core::Timing`]), retries included. Reads and writes retry only what DynamoDB rejected without applying
 //! (throttling, a concurrent transaction, credentials not yet loaded), with a short, capped,
 //! jittered backoff; everything ambiguous in a write (a timeout, a lost connection, a 5xx) is
 //! [`leader_core::Error::Indeterminate`], so the core re-reads instead of writing again.

@@ -8,16 +8,23 @@ use aws_sdk_dynamodb::types::{
 use leader_core::Error;
 use tokio::time::Instant;
 
+use leader_core::backend::call_budget;
+
 use crate::client::DynamoStore;
 use crate::error::{DynamoError, Op, map_sdk};
+
+/// The least time each call of the table check has.
+const TABLE_BUDGET: Duration = Duration::from_secs(5);
 
 impl DynamoStore {
     /// Checks that the table exists with the right key schema; creates it (on-demand billing)
     /// if it is missing and `create` is set.
     pub(crate) async fn ensure_table(&self, create: bool, wait: Duration) -> Result<(), Error> {
-        let budget = self.ctx.request_timeout.max(Duration::from_secs(5));
+        // Not part of an election: the table check may take longer than a store call.
+        let budget = call_budget().max(TABLE_BUDGET);
         let described = self
-            .call(Op::Table, budget)
+            .call(Op::Table)
+            .with_budget(budget)
             .run(|left| async move {
                 self.client
                     .describe_table()
@@ -123,7 +130,7 @@ impl DynamoStore {
                 .describe_table()
                 .table_name(&self.ctx.table)
                 .customize()
-                .config_override(Self::attempt_config(self.ctx.request_timeout))
+                .config_override(Self::attempt_config(TABLE_BUDGET))
                 .send()
                 .await
                 .ok()

@@ -1,8 +1,7 @@
-//! Configuration of a [`GcsStore`]: bucket, object prefix, endpoint, credentials and the
-//! request timeout; `build()` validates it and proves that the credentials give a token.
+//! Configuration of a [`GcsStore`]: bucket, object prefix, endpoint and credentials;
+//! `build()` validates it, proves that the credentials give a token, and checks the bucket.
 
 use std::fmt;
-use std::time::Duration;
 
 use google_cloud_auth::credentials::{self, Credentials, anonymous};
 use google_cloud_gax::retry_policy::NeverRetry;
@@ -23,8 +22,6 @@ pub const EMULATOR_VAR: &str = "STORAGE_EMULATOR_HOST";
 /// The default prefix of object names: leases are `leader-lease/<key>`, protected objects
 /// `leader-lease/objects/<name>`.
 pub const DEFAULT_PREFIX: &str = "leader-lease/";
-/// The default limit on one store call, retries included.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 enum Identity {
@@ -52,12 +49,11 @@ impl fmt::Debug for Identity {
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), leader_core::Error> {
-/// use std::time::Duration;
-/// use leader_gcs::GcsStore;
+/// use leader_gcs::GcsBuilder;
 ///
-/// let store = GcsStore::builder("my-leases")
+/// let store = GcsBuilder::new()
+///     .with_bucket("my-leases")
 ///     .with_prefix("prod/leases/")
-///     .with_request_timeout(Duration::from_millis(800))
 ///     .build()
 ///     .await?;
 /// # Ok(()) }
@@ -68,7 +64,6 @@ pub struct GcsBuilder {
     prefix: String,
     endpoint: Option<String>,
     identity: Identity,
-    request_timeout: Duration,
 }
 
 impl Default for GcsBuilder {
@@ -78,19 +73,15 @@ impl Default for GcsBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             endpoint: None,
             identity: Identity::ApplicationDefault,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
 
 impl GcsBuilder {
-    /// A builder for leases in `bucket` (the bucket's name, e.g. `my-leases`), with
-    /// Application Default Credentials and the public endpoint.
-    pub fn new(bucket: impl Into<String>) -> Self {
-        Self {
-            bucket: Some(bucket.into()),
-            ..Self::default()
-        }
+    /// A builder with Application Default Credentials and the public endpoint; set the
+    /// bucket with [`with_bucket`](Self::with_bucket).
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// A builder from the environment: the bucket from `LEADER_GCS_BUCKET`, the prefix from
@@ -180,22 +171,17 @@ impl GcsBuilder {
         self.with_endpoint(endpoint).with_anonymous_credentials()
     }
 
-    /// Bounds every store call, retries included (default 1 s). It must not exceed the
-    /// elector's request timeout ([`Timing::request_timeout`](leader_core::Timing)); the
-    /// store's `check_timing` rejects a timing that has a shorter one.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Validates the configuration, obtains a first token from the credentials (within the
-    /// request timeout), and builds the store. The bucket itself is not checked here: a missing
-    /// bucket is an [`Error::NotFound`] on the first call that meets it.
+    /// Validates the configuration, obtains a first token from the credentials, checks the
+    /// bucket with one read, and builds the store. Each step has the call's time
+    /// ([`leader_core::backend::within`], else [`leader_core::backend::DEFAULT_BUDGET`]).
+    /// GCS says on that read whether the bucket is missing; fake-gcs-server does not (it
+    /// says so on the first write). This crate never creates buckets.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a missing or invalid bucket name, an invalid prefix or a
-    /// zero request timeout; [`Error::Unauthenticated`] if the credentials give no token
-    /// within the request timeout (no credentials file, no metadata server).
+    /// [`Error::InvalidConfig`] for a missing or invalid bucket name or an invalid prefix;
+    /// [`Error::Unauthenticated`] if the credentials give no token in time (no credentials
+    /// file, no metadata server); [`Error::NotFound`] naming a missing bucket;
+    /// [`Error::PermissionDenied`] if the credentials may not read the bucket.
     ///
     /// # Cancel safety
     /// Cancel-safe: nothing is written.
@@ -206,11 +192,6 @@ impl GcsBuilder {
             .ok_or_else(|| invalid(format!("no bucket configured; set {BUCKET_VAR}")))?;
         check_bucket_name(&bucket).map_err(invalid)?;
         check_prefix(&self.prefix).map_err(invalid)?;
-        if self.request_timeout.is_zero() {
-            return Err(invalid(
-                "the request timeout must be greater than zero".to_owned(),
-            ));
-        }
         leader_core::tls::install_crypto_provider();
         let credentials = match self.identity {
             Identity::ApplicationDefault => {
@@ -224,7 +205,7 @@ impl GcsBuilder {
             Identity::Anonymous => anonymous::Builder::new().build(),
             Identity::Given(credentials) => credentials,
         };
-        probe(&credentials, self.request_timeout).await?;
+        probe(&credentials).await?;
         let mut storage = Storage::builder()
             .with_credentials(credentials)
             // Retries are ours (client.rs), inside the request timeout; the SDK's default
@@ -238,12 +219,9 @@ impl GcsBuilder {
             message: format!("cannot build the GCS client: {e}"),
             source: Some(Box::new(e)),
         })?;
-        Ok(GcsStore::new(
-            storage,
-            bucket,
-            self.prefix,
-            self.request_timeout,
-        ))
+        let store = GcsStore::new(storage, bucket, self.prefix);
+        store.check_bucket().await?;
+        Ok(store)
     }
 }
 
@@ -256,8 +234,10 @@ fn invalid(message: String) -> Error {
 
 /// Asks the credentials for request headers once, so that a machine without usable
 /// credentials fails at startup with a clear error instead of at every request.
-async fn probe(credentials: &Credentials, limit: Duration) -> Result<(), Error> {
-    match tokio::time::timeout(limit, credentials.headers(http::Extensions::new())).await {
+async fn probe(credentials: &Credentials) -> Result<(), Error> {
+    let deadline = leader_core::backend::call_deadline();
+    let limit = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match tokio::time::timeout_at(deadline, credentials.headers(http::Extensions::new())).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Error::Unauthenticated {
             message: format!("the credentials gave no access token: {e}"),
@@ -363,13 +343,17 @@ mod tests {
 
     #[test]
     fn emulator_keeps_a_scheme() {
-        let b = GcsBuilder::new("b1c").with_emulator("http://localhost:9000/");
+        let b = GcsBuilder::new()
+            .with_bucket("b1c")
+            .with_emulator("http://localhost:9000/");
         assert_eq!(b.endpoint.as_deref(), Some("http://localhost:9000"));
     }
 
     #[test]
     fn debug_never_shows_credentials() {
-        let b = GcsBuilder::new("b1c").with_credentials(anonymous::Builder::new().build());
+        let b = GcsBuilder::new()
+            .with_bucket("b1c")
+            .with_credentials(anonymous::Builder::new().build());
         assert!(format!("{b:?}").contains("Given(..)"));
     }
 
@@ -378,14 +362,11 @@ mod tests {
         let no_bucket = GcsBuilder::default().build().await.unwrap_err();
         assert_eq!(no_bucket.kind(), ErrorKind::InvalidConfig);
         assert!(no_bucket.to_string().contains(BUCKET_VAR), "{no_bucket}");
-        let bad = GcsBuilder::new("Bad_Bucket").build().await.unwrap_err();
-        assert!(bad.to_string().contains("Bad_Bucket"), "{bad}");
-        let zero = GcsBuilder::new("b1c")
-            .with_anonymous_credentials()
-            .with_request_timeout(Duration::ZERO)
+        let bad = GcsBuilder::new()
+            .with_bucket("Bad_Bucket")
             .build()
             .await
             .unwrap_err();
-        assert_eq!(zero.kind(), ErrorKind::InvalidConfig);
+        assert!(bad.to_string().contains("Bad_Bucket"), "{bad}");
     }
 }

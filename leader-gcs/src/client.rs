@@ -40,7 +40,6 @@ pub struct GcsStore<S: Stub + 'static = DefaultStorage> {
     bucket: String,
     bucket_path: String,
     prefix: String,
-    request_timeout: Duration,
 }
 
 impl<S: Stub + 'static> fmt::Debug for GcsStore<S> {
@@ -48,7 +47,6 @@ impl<S: Stub + 'static> fmt::Debug for GcsStore<S> {
         f.debug_struct("GcsStore")
             .field("bucket", &self.bucket)
             .field("prefix", &self.prefix)
-            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -60,36 +58,33 @@ enum Put {
 }
 
 impl GcsStore {
-    /// A builder for leases in `bucket`; see [`GcsBuilder`].
-    pub fn builder(bucket: impl Into<String>) -> GcsBuilder {
-        GcsBuilder::new(bucket)
+    /// A builder; see [`GcsBuilder`].
+    pub fn builder() -> GcsBuilder {
+        GcsBuilder::new()
     }
 }
 
 impl<S: Stub + 'static> GcsStore<S> {
-    pub(crate) fn new(
-        storage: Storage<S>,
-        bucket: String,
-        prefix: String,
-        request_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(storage: Storage<S>, bucket: String, prefix: String) -> Self {
         Self {
             storage,
             bucket_path: format!("projects/_/buckets/{bucket}"),
             bucket,
             prefix,
-            request_timeout,
         }
+    }
+
+    /// Reads an object that need not exist, so that a missing bucket (or missing
+    /// permissions) shows now rather than at the first election.
+    pub(crate) async fn check_bucket(&self) -> Result<(), Error> {
+        self.get(&format!("{}.leader-bucket-check", self.prefix))
+            .await
+            .map(drop)
     }
 
     /// The bucket.
     pub fn bucket(&self) -> &str {
         &self.bucket
-    }
-
-    /// The request timeout every call keeps, retries included.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
     }
 
     /// The name of the object that holds `key`'s lease record.
@@ -128,7 +123,7 @@ impl<S: Stub + 'static> GcsStore<S> {
     /// transient failures are retried within the request timeout.
     async fn get(&self, object: &str) -> Result<Option<(Vec<u8>, i64)>, Error> {
         let request = self.request(object, false);
-        Call::read("reading a GCS object", self.request_timeout)
+        Call::read("reading a GCS object")
             .with_backoff(BACKOFF)
             .run(|_| async move {
                 match self.get_once(object).await {
@@ -150,7 +145,7 @@ impl<S: Stub + 'static> GcsStore<S> {
         // Sent up front in the metadata part: the SDK otherwise appends the checksum as a
         // third multipart part, which fake-gcs-server stores as part of the body.
         let crc = crc32c::crc32c(&body);
-        Call::write("writing a GCS object", self.request_timeout)
+        Call::write("writing a GCS object")
             .with_backoff(BACKOFF)
             .run(|_| {
                 let upload = self
@@ -240,15 +235,6 @@ impl<S: Stub + 'static> LeaseBackend for GcsStore<S> {
                 reason: format!(
                     "renew_every {:?} is below 1 s; GCS accepts about one write per second to an object",
                     timing.renew_every
-                ),
-            });
-        }
-        if timing.request_timeout < self.request_timeout {
-            return Err(ConfigError::Unsupported {
-                backend: "gcs",
-                reason: format!(
-                    "the store's request timeout {:?} exceeds the elector's {:?}; lower it with GcsBuilder::with_request_timeout",
-                    self.request_timeout, timing.request_timeout
                 ),
             });
         }
@@ -365,6 +351,7 @@ mod tests {
     use google_cloud_storage::request_options::RequestOptions;
     use google_cloud_storage::streaming_source::{Seek, StreamingSource};
     use leader_core::ErrorKind;
+    use leader_core::backend::within;
     use tokio::time::Instant;
 
     /// One scripted answer of the mock transport.
@@ -455,14 +442,16 @@ mod tests {
     fn store(replies: &[Reply], then: Option<Reply>) -> (GcsStore<Scripted>, Arc<Scripted>) {
         let stub = Arc::new(Scripted::new(replies, then));
         let storage = Storage::from_stub(stub.clone());
-        let store = GcsStore::new(storage, "b1c".into(), "p/".into(), TIMEOUT);
+        let store = GcsStore::new(storage, "b1c".into(), "p/".into());
         (store, stub)
     }
 
     async fn put(replies: &[Reply], then: Option<Reply>) -> (Result<Put, Error>, usize, Duration) {
         let (store, stub) = store(replies, then);
         let started = Instant::now();
-        let result = store.put("p/k", Bytes::from_static(b"x"), 5).await;
+        let result = within(TIMEOUT, store.put("p/k", Bytes::from_static(b"x"), 5))
+            .await
+            .expect("the store ends its call by the deadline");
         (result, stub.calls.load(Ordering::SeqCst), started.elapsed())
     }
 
@@ -563,7 +552,10 @@ mod tests {
         );
         assert_eq!(s.read(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
         let (s, _) = store(&[Reply::Hang], None);
-        assert_eq!(s.read(&key).await.unwrap_err().kind(), ErrorKind::Timeout);
+        let hung = within(TIMEOUT, s.read(&key))
+            .await
+            .expect("ended by the deadline");
+        assert_eq!(hung.unwrap_err().kind(), ErrorKind::Timeout);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // On a GCE instance: the metadata server gives the instance's service account a token.
-//! let store = GcsStore::builder("my-project-leases").build().await?;
+//! let store = GcsStore::builder().with_bucket("my-project-leases").build().await?;
 //! let elector = Elector::builder(Arc::new(store.clone()), LeaseKey::new("scheduler")?)
 //!     .ttl(Duration::from_secs(15))
 //!     .build()?;
@@ -39,11 +39,12 @@
 //! # }
 //! ```
 //!
-//! Against an emulator (fake-gcs-server), `GcsStore::builder(bucket).with_emulator(host)` sets the
-//! endpoint and anonymous credentials (the SDK does not read `STORAGE_EMULATOR_HOST`, and
-//! without anonymous credentials it would wait for a metadata server). [`GcsBuilder::build`]
-//! asks the credentials for a token once, within the request timeout, so that a machine
-//! without usable credentials fails at startup with [`Error::Unauthenticated`](leader_core::Error).
+//! Against an emulator (fake-gcs-server), [`GcsBuilder::with_emulator`] sets the endpoint and
+//! anonymous credentials (the SDK does not read `STORAGE_EMULATOR_HOST`, and without
+//! anonymous credentials it would wait for a metadata server). [`GcsBuilder::build`] asks the
+//! credentials for a token once and reads the bucket once, so that a machine without usable
+//! credentials fails at startup with [`Error::Unauthenticated`](leader_core::Error), and a
+//! missing bucket with [`Error::NotFound`](leader_core::Error).
 //!
 //! # How the store works
 //!
@@ -63,8 +64,8 @@
 //!   `check_timing` rejects `renew_every` below 1 s. Followers only read.
 //! - **Retries and timeouts.** The SDK's retries are off (its default policy retries for up
 //!   to 300 s and repeats conditional writes); every call runs through the core's one retry
-//!   loop ([`leader_core::backend::Call`]), bounded, retries included, by the builder's
-//!   request timeout, which must not exceed the elector's. Reads retry 429, 5xx and transport
+//!   loop ([`leader_core::backend::Call`]), bounded, retries included, by the elector's
+//!   request timeout for that call ([`leader_core::Timing`]). Reads retry 429, 5xx and transport
 //!   failures; writes retry only what was not applied (429, a connection that was never
 //!   made). A write that may have landed (no answer in time, a lost connection, a 5xx) is
 //!   [`Error::Indeterminate`](leader_core::Error) at once and never sent again: the core
@@ -81,7 +82,5 @@ mod builder;
 mod client;
 mod error;
 
-pub use builder::{
-    BUCKET_VAR, DEFAULT_PREFIX, DEFAULT_REQUEST_TIMEOUT, EMULATOR_VAR, GcsBuilder, PREFIX_VAR,
-};
+pub use builder::{BUCKET_VAR, DEFAULT_PREFIX, EMULATOR_VAR, GcsBuilder, PREFIX_VAR};
 pub use client::{GcsStore, MIN_RENEW_EVERY};

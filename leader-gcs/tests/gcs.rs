@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use google_cloud_auth::credentials::mds;
+use leader_core::backend::within;
 use leader_core::{
     Acquisition, ConfigError, Error, ErrorKind, Expected, HolderId, LeaseBackend, LeaseClient,
     Renewal, TermId, Timing, WriteKind, WriteNonce, WriteRequest,
 };
 use leader_gcs::GcsStore;
-use support::{Bucket, LossyProxy, REQUEST_TIMEOUT};
+use support::{Bucket, LossyProxy};
 use tokio::time::Instant;
 
 fn client(store: &GcsStore, key: &leader_core::LeaseKey, who: &str) -> LeaseClient {
@@ -133,9 +134,9 @@ async fn malformed_body_names_the_bucket_and_object() {
 async fn missing_bucket_is_a_clear_error() {
     let bucket = Bucket::new();
     let endpoint = bucket.endpoint().await.to_owned();
-    let missing = GcsStore::builder(format!("{}-missing", bucket.name))
+    let missing = GcsStore::builder()
+        .with_bucket(format!("{}-missing", bucket.name))
         .with_emulator(endpoint)
-        .with_request_timeout(REQUEST_TIMEOUT)
         .build()
         .await
         .unwrap();
@@ -156,11 +157,13 @@ async fn no_usable_credentials_fail_clearly_within_the_request_timeout() {
         .build()
         .unwrap();
     let started = Instant::now();
-    let err = GcsStore::builder("some-bucket")
+    let build = GcsStore::builder()
+        .with_bucket("some-bucket")
         .with_credentials(credentials)
-        .with_request_timeout(Duration::from_millis(300))
-        .build()
+        .build();
+    let err = within(Duration::from_millis(300), build)
         .await
+        .expect("the build ends by the deadline with its own error")
         .unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::Unauthenticated, "{err}");

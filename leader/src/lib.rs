@@ -46,7 +46,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "azure")]
@@ -198,13 +197,13 @@ impl fmt::Display for StoreUrl {
 }
 
 /// How [`open`] reaches the store. The defaults: the cloud's public endpoint, its usual
-/// credential chain, nothing created, the request timeout of [`Timing::default`].
+/// credential chain, nothing created. (How long each store call may take is the elector's
+/// [`Timing::request_timeout`], per call.)
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     endpoint: Option<String>,
     emulator: bool,
     create_if_missing: bool,
-    request_timeout: Option<Duration>,
 }
 
 impl OpenOptions {
@@ -233,12 +232,6 @@ impl OpenOptions {
     /// project, a location and a storage class). Off by default: a missing one is an error.
     pub fn with_create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
-        self
-    }
-
-    /// The limit on every store call; at most the elector's [`Timing::request_timeout`].
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = Some(timeout);
         self
     }
 }
@@ -271,10 +264,6 @@ pub async fn from_url(
 /// Cancel-safe, except that a container or table being created may still be created.
 pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store>, Error> {
     leader_core::tls::install_crypto_provider();
-    let request_timeout = options
-        .request_timeout
-        .unwrap_or(Timing::default().request_timeout);
-    let _ = request_timeout;
     match url {
         StoreUrl::File { dir, .. } => Ok(Arc::new(if options.create_if_missing {
             FileStore::create(dir)?
@@ -296,7 +285,6 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             };
             b = b
                 .with_container(container.clone())
-                .with_request_timeout(request_timeout)
                 .with_create_container_if_missing(options.create_if_missing);
             let store = b.build()?;
             store.ensure_container().await?;
@@ -321,7 +309,6 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             };
             let store = b
                 .with_table(table.clone())
-                .with_request_timeout(request_timeout)
                 .with_create_table_if_missing(options.create_if_missing)
                 .build()
                 .await?;
@@ -336,9 +323,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
                      storage buckets create gs://{bucket}`"
                 )));
             }
-            let mut b = leader_gcs::GcsBuilder::from_env()?
-                .with_bucket(bucket.clone())
-                .with_request_timeout(request_timeout);
+            let mut b = leader_gcs::GcsBuilder::from_env()?.with_bucket(bucket.clone());
             if options.emulator {
                 let endpoint = options
                     .endpoint

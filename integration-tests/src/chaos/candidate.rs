@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use leader_core::backend::within;
 use leader_core::{
     Elector, ElectorHandle, Error, ErrorKind, FencedStore, HolderId, LeaseKey, ObjectName, Term,
     Timing,
@@ -155,15 +156,9 @@ impl Log {
 /// # Errors
 /// A message if the store or the elector cannot be set up.
 pub async fn run(args: CandidateArgs) -> Result<(), String> {
-    let (backend, fenced) = open_store(
-        args.backend,
-        &args.endpoint,
-        &args.place,
-        args.timing.request_timeout,
-        false,
-    )
-    .await
-    .map_err(|e| format!("opening the store: {e}"))?;
+    let (backend, fenced) = open_store(args.backend, &args.endpoint, &args.place, false)
+        .await
+        .map_err(|e| format!("opening the store: {e}"))?;
     let key = LeaseKey::new(args.key.clone()).map_err(|e| e.to_string())?;
     let object = ObjectName::new(format!("{}-object", args.key)).map_err(|e| e.to_string())?;
     let elector = Elector::builder(backend, key)
@@ -187,6 +182,7 @@ pub async fn run(args: CandidateArgs) -> Result<(), String> {
         seq: 0,
         write_every: args.write_every,
         act_delay: args.act_delay,
+        request_timeout: args.timing.request_timeout,
     };
     loop {
         let term = tokio::select! {
@@ -217,6 +213,8 @@ struct Worker<'a> {
     seq: u64,
     write_every: Duration,
     act_delay: Duration,
+    /// Each fenced write's time, as the elector's store calls have.
+    request_timeout: Duration,
 }
 
 impl Worker<'_> {
@@ -284,10 +282,12 @@ impl Worker<'_> {
                 tokio::time::sleep(self.act_delay).await;
             }
             let t1 = mono_us();
-            let result = self
+            let write = self
                 .fenced
-                .fenced_write(term.fence(), &self.object, value.as_bytes())
-                .await;
+                .fenced_write(term.fence(), &self.object, value.as_bytes());
+            let result = within(self.request_timeout, write)
+                .await
+                .unwrap_or_else(|_| Err(Error::indeterminate("no answer in time")));
             let outcome = match &result {
                 Ok(_) => OUT_ACCEPTED,
                 Err(Error::Fenced { .. }) => {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use leader_core::{ObjectName, Timing};
+use leader_core::ObjectName;
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
@@ -61,11 +61,7 @@ pub struct RoundReport {
 }
 
 /// Creates the round's container, table or bucket and returns (emulator URL, place).
-async fn prepare(
-    kind: BackendKind,
-    dir: &Path,
-    timing: &Timing,
-) -> Result<(String, String), String> {
+async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), String> {
     let Some(emulator) = kind.emulator() else {
         let store = dir.join("store");
         std::fs::create_dir_all(&store).map_err(|e| format!("creating {store:?}: {e}"))?;
@@ -82,15 +78,9 @@ async fn prepare(
             .await
             .map_err(|e| format!("creating bucket {place}: {e}"))?,
         _ => {
-            open_store(
-                kind,
-                &endpoint.url,
-                &place,
-                timing.request_timeout.max(Duration::from_secs(2)),
-                true,
-            )
-            .await
-            .map_err(|e| format!("creating {place}: {e}"))?;
+            open_store(kind, &endpoint.url, &place, true)
+                .await
+                .map_err(|e| format!("creating {place}: {e}"))?;
         }
     }
     Ok((endpoint.url, place))
@@ -114,7 +104,7 @@ pub async fn run_round(
         crate::unique_name("r")
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {dir:?}: {e}"))?;
-    let (url, place) = prepare(kind, &dir, &timing).await?;
+    let (url, place) = prepare(kind, &dir).await?;
     let key = "chaos".to_owned();
     let mut procs = Vec::new();
     for i in 0..cfg.candidates.max(2) {
@@ -205,7 +195,7 @@ pub async fn run_round(
     } else {
         dir.join("store").display().to_string()
     };
-    let object = match open_store(kind, &endpoint, &place, Duration::from_secs(5), false).await {
+    let object = match open_store(kind, &endpoint, &place, false).await {
         Ok((_, fenced)) => {
             let name = ObjectName::new(format!("{key}-object")).map_err(|e| e.to_string())?;
             match fenced.fenced_read(&name).await {

@@ -145,7 +145,6 @@ pub async fn open_store(
     kind: BackendKind,
     endpoint: &str,
     place: &str,
-    request_timeout: Duration,
     create: bool,
 ) -> Result<OpenedStore, Error> {
     // Opened the way `leader run` opens it (the `leader` crate), in emulator mode. The key in
@@ -175,7 +174,6 @@ pub async fn open_store(
     let options = OpenOptions::new()
         .with_emulator(true)
         .with_endpoint(endpoint)
-        .with_request_timeout(request_timeout)
         // Buckets are created with GcsClient; `leader` cannot create them.
         .with_create_if_missing(create && kind != BackendKind::Gcs);
     let store = leader::open(&url, &options).await?;

@@ -39,7 +39,6 @@ pub(crate) async fn store_at(url: &str, table: &str) -> DynamoStore {
     DynamoBuilder::new()
         .with_emulator(url)
         .with_table(table)
-        .with_request_timeout(timing().request_timeout)
         .with_create_table_if_missing(true)
         .build()
         .await

@@ -66,9 +66,9 @@ impl Bucket {
     }
 
     pub(crate) async fn store_at(&self, endpoint: &str) -> GcsStore {
-        GcsStore::builder(&self.name)
+        GcsStore::builder()
+            .with_bucket(&self.name)
             .with_emulator(endpoint)
-            .with_request_timeout(REQUEST_TIMEOUT)
             .build()
             .await
             .unwrap()
