@@ -57,6 +57,10 @@ use crate::model::{
     FencingToken, HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce,
 };
 
+/// The suite's seeded generator (SplitMix64), for harnesses and test tools that need dice
+/// (a fault proxy's, unique names): one source of randomness in the whole workspace.
+pub use crate::rand::Rng;
+
 /// A store that offers leases and fenced writes.
 pub trait ConformantStore: LeaseBackend + FencedStore {}
 impl<T: LeaseBackend + FencedStore> ConformantStore for T {}

@@ -5,15 +5,17 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use google_cloud_auth::credentials::mds;
+use integration_tests::proxy::{Fault, FaultProxy, Match, Rule};
 use leader_core::{
     Acquisition, ConfigError, Error, ErrorKind, Expected, HolderId, LeaseBackend, LeaseClient,
     Renewal, TermId, Timing, WriteKind, WriteNonce, WriteRequest,
 };
 use leader_gcs::GcsStore;
-use support::{Bucket, LossyProxy, REQUEST_TIMEOUT};
+use support::{Bucket, REQUEST_TIMEOUT};
 use tokio::time::Instant;
 
 fn client(store: &GcsStore, key: &leader_core::LeaseKey, who: &str) -> LeaseClient {
@@ -66,8 +68,18 @@ async fn deleted_and_recreated_object_still_yields_a_higher_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn precondition_failure_after_a_lost_response_is_reconciled() {
     let bucket = Bucket::new();
-    let proxy = LossyProxy::start(bucket.endpoint().await).await;
-    let store = bucket.store_at(&proxy.url).await;
+    let proxy = FaultProxy::in_front_of(bucket.endpoint().await, 1)
+        .await
+        .unwrap();
+    let store = bucket.store_at(&proxy.url()).await;
+    // Loses the response of the next upload: the emulator applies it, the client never hears.
+    let lose_next_upload_response = || {
+        proxy.inject(Rule::new(
+            Match::path(reqwest::Method::POST, "/upload"),
+            Fault::LoseResponse,
+        ))
+    };
+    let lost = || proxy.counts().lost.load(Ordering::Relaxed);
     let key = bucket.unique_key();
     let mut a = client(&store, &key, "a");
     acquire(&mut a).await;
@@ -77,7 +89,7 @@ async fn precondition_failure_after_a_lost_response_is_reconciled() {
     let current = store.read(&key).await.unwrap().unwrap();
     let mut record = current.record.clone();
     record.nonce = WriteNonce(0x10c7);
-    proxy.lose_next_upload_response();
+    lose_next_upload_response();
     let outcome = store
         .write(WriteRequest::new(
             key.clone(),
@@ -87,7 +99,7 @@ async fn precondition_failure_after_a_lost_response_is_reconciled() {
             TermId(7),
         ))
         .await;
-    assert_eq!(proxy.lost(), 1, "the proxy must have lost one response");
+    assert_eq!(lost(), 1, "the proxy must have lost one response");
     match outcome {
         Err(e @ Error::Indeterminate { .. }) => {
             assert!(
@@ -105,12 +117,12 @@ async fn precondition_failure_after_a_lost_response_is_reconciled() {
     let key = bucket.unique_key();
     let mut a = client(&store, &key, "a");
     let g2 = acquire(&mut a).await;
-    proxy.lose_next_upload_response();
+    lose_next_upload_response();
     match a.renew().await.unwrap() {
         Renewal::Renewed(g) => assert_eq!(g.token, g2.token),
         other => panic!("the lost renew must be recognised, got {other:?}"),
     }
-    assert_eq!(proxy.lost(), 2);
+    assert_eq!(lost(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
