@@ -7,7 +7,7 @@
 )] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,7 +15,7 @@ use azure_storage_blob::models::{BlobClientAcquireLeaseOptions, BlobClientBreakL
 use integration_tests::proxy::{FaultProxy, ProxyFaults};
 use integration_tests::{Emulator, require, unique_name};
 use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{
     Acquisition, ConfigError, Error, ErrorKind, Expected, ExpiryModel, FencingToken, HolderId,
     LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, Stored, TermId, Timing,
@@ -28,7 +28,6 @@ const TTL: Duration = Duration::from_secs(15);
 struct Azurite {
     endpoint: String,
     container: String,
-    next: AtomicU64,
 }
 
 async fn endpoint() -> String {
@@ -42,7 +41,6 @@ async fn azurite() -> Azurite {
     Azurite {
         endpoint: endpoint().await,
         container: unique_name("lease-az"),
-        next: AtomicU64::new(0),
     }
 }
 
@@ -69,11 +67,7 @@ impl Harness for Azurite {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {

@@ -7,14 +7,13 @@
 //! ```
 //! # mod wrapper {
 //! use std::sync::Arc;
-//! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::time::Duration;
 //! use async_trait::async_trait;
-//! use leader_core::conformance::{ConformantStore, Harness};
+//! use leader_core::conformance::{ConformantStore, Harness, unique_key};
 //! use leader_core::{Error, LeaseKey, MemoryStore, Timing};
 //!
 //! #[derive(Default)]
-//! struct Memory { store: MemoryStore, next: AtomicU64 }
+//! struct Memory { store: MemoryStore }
 //!
 //! #[async_trait]
 //! impl Harness for Memory {
@@ -22,7 +21,7 @@
 //!         Ok(Arc::new(self.store.clone()))
 //!     }
 //!     fn unique_key(&self) -> LeaseKey {
-//!         LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+//!         unique_key("case").unwrap()
 //!     }
 //!     fn timing(&self) -> Timing {
 //!         Timing::from_ttl(Duration::from_secs(10))
@@ -42,6 +41,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -51,7 +51,7 @@ use crate::backend::{
     Expected, ExpiryModel, Fence, FencedStore, LeaseBackend, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
 use crate::model::{
     FencingToken, HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce,
@@ -60,6 +60,20 @@ use crate::model::{
 /// The suite's seeded generator (SplitMix64), for harnesses and test tools that need dice
 /// (a fault proxy's, unique names): one source of randomness in the whole workspace.
 pub use crate::rand::Rng;
+
+/// A lease key for a test that no other call returns: `{prefix}-{n}-{random}`, with a
+/// process-wide counter and eight random hex digits (so that runs sharing a store do not meet
+/// either). Harnesses return it from [`Harness::unique_key`].
+///
+/// # Errors
+/// [`ConfigError::InvalidName`] if `prefix` is not a valid start of a key (ASCII letters,
+/// digits, `-`, `_`, `.`; not too long).
+pub fn unique_key(prefix: &str) -> Result<LeaseKey, ConfigError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let random = Rng::from_entropy().next_u64() & 0xffff_ffff;
+    LeaseKey::new(format!("{prefix}-{n}-{random:08x}"))
+}
 
 /// A store that offers leases and fenced writes.
 pub trait ConformantStore: LeaseBackend + FencedStore {}
@@ -72,7 +86,7 @@ pub trait Harness: Send + Sync {
     /// process would have); all must see the same data.
     async fn store(&self) -> Result<Arc<dyn ConformantStore>, Error>;
 
-    /// A lease key that no other case (or earlier run) uses.
+    /// A lease key that no other case (or earlier run) uses; [`unique_key`] makes one.
     fn unique_key(&self) -> LeaseKey;
 
     /// The timing to test with: as short as the store allows.
@@ -854,22 +868,13 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
     Ok(())
 }
 
-/// Runs every case in turn.
+/// Runs every case in turn, in the order of the one case list (that of
+/// [`conformance_tests!`](crate::conformance_tests)).
 ///
 /// # Errors
 /// The first [`Failure`].
 pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
-    fidelity_canary(h).await?;
-    create_if_absent(h).await?;
-    conflicting_create(h).await?;
-    renew(h).await?;
-    release_then_acquire(h).await?;
-    race(h).await?;
-    deposed_fenced_write_rejected(h).await?;
-    malformed_record_is_reported_and_kept(h).await?;
-    token_survives_deletion(h).await?;
-    takeover_only_after_full_ttl(h).await?;
-    stale_renew_is_conflict(h).await?;
+    crate::conformance_tests!(@list @run h);
     Ok(())
 }
 
@@ -881,17 +886,15 @@ pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
 /// (and `test-util` for `paused`).
 #[macro_export]
 macro_rules! conformance_tests {
-    (paused: $harness:expr) => {
-        $crate::conformance_tests!(@cases (start_paused = true) $harness;
+    // The one list of cases; `@list` hands it to the arm named after it.
+    (@list $($then:tt)*) => {
+        $crate::conformance_tests!($($then)*;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
             token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
     };
-    ($harness:expr) => {
-        $crate::conformance_tests!(@cases (flavor = "multi_thread", worker_threads = 2) $harness;
-            fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
-            race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
-            token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
+    (@run $h:ident; $($case:ident),* $(,)?) => {
+        $( $crate::conformance::$case($h).await?; )*
     };
     (@cases $rt:tt $harness:expr; $($case:ident),* $(,)?) => {
         $(
@@ -903,5 +906,11 @@ macro_rules! conformance_tests {
                 }
             }
         )*
+    };
+    (paused: $harness:expr) => {
+        $crate::conformance_tests!(@list @cases (start_paused = true) $harness);
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@list @cases (flavor = "multi_thread", worker_threads = 2) $harness);
     };
 }

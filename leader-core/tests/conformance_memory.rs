@@ -2,17 +2,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, LeaseKey, MemoryStore, Timing};
 
 #[derive(Default)]
 struct Memory {
     store: MemoryStore,
-    next: AtomicU64,
 }
 
 #[async_trait]
@@ -22,11 +20,7 @@ impl Harness for Memory {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {
@@ -98,7 +92,6 @@ impl leader_core::FencedStore for IgnoresConditions {
 #[derive(Default)]
 struct Broken {
     store: Arc<IgnoresConditions>,
-    next: AtomicU64,
 }
 
 #[async_trait]
@@ -107,11 +100,7 @@ impl Harness for Broken {
         Ok(self.store.clone())
     }
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
     fn timing(&self) -> Timing {
         Timing::from_ttl(Duration::from_secs(10))

@@ -2,14 +2,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
 use integration_tests::proxy::FaultProxy;
 use integration_tests::{Emulator, require};
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, LeaseKey, Timing};
 use leader_dynamo::{DynamoBuilder, DynamoStore, LEASE_PREFIX, MARK_PREFIX};
 use tokio::sync::OnceCell;
@@ -95,14 +94,12 @@ pub(crate) async fn mark_of(url: &str, table: &str, key: &LeaseKey) -> Option<u6
 pub(crate) struct Moto {
     table: String,
     url: OnceCell<String>,
-    next: AtomicU64,
 }
 
 pub(crate) fn moto() -> Moto {
     Moto {
         table: integration_tests::unique_name("leases"),
         url: OnceCell::new(),
-        next: AtomicU64::new(0),
     }
 }
 
@@ -120,11 +117,7 @@ impl Harness for Moto {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {

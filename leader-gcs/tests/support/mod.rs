@@ -1,7 +1,6 @@
 //! Shared helpers of the emulator tests: a bucket per harness, the test timing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)] // test code
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use integration_tests::gcs::GcsClient;
@@ -29,7 +28,6 @@ pub(crate) fn timing() -> Timing {
 pub(crate) struct Bucket {
     pub(crate) name: String,
     endpoint: OnceCell<String>,
-    next: AtomicU64,
 }
 
 impl Bucket {
@@ -37,7 +35,6 @@ impl Bucket {
         Self {
             name: unique_name("leader-gcs"),
             endpoint: OnceCell::new(),
-            next: AtomicU64::new(0),
         }
     }
 
@@ -76,11 +73,7 @@ impl Bucket {
     }
 
     pub(crate) fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        leader_core::conformance::unique_key("case").unwrap()
     }
 
     /// Deletes an object with the JSON API, as an operator would.
