@@ -499,17 +499,22 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The whole of `body`; `broken` says why there is no answer if it breaks off.
+async fn whole(body: Incoming, broken: &'static str) -> Result<Bytes, NoAnswer> {
+    Ok(body
+        .collect()
+        .await
+        .map_err(|_| NoAnswer(broken))?
+        .to_bytes())
+}
+
 async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
 ) -> Result<Response<Full<Bytes>>, NoAnswer> {
     let (mut parts, body) = request.into_parts();
     // The whole body (a chunked one de-chunked), forwarded with a Content-Length.
-    let body = body
-        .collect()
-        .await
-        .map_err(|_| NoAnswer("the request body did not arrive"))?
-        .to_bytes();
+    let body = whole(body, "the request body did not arrive").await?;
     let had_body = parts.headers.contains_key(header::CONTENT_LENGTH)
         || parts.headers.contains_key(header::TRANSFER_ENCODING);
     strip_hop_by_hop(&mut parts.headers);
@@ -627,11 +632,7 @@ async fn forward(
             .await
             .map_err(|_| NoAnswer("the upstream did not answer"))?;
         let (mut parts, body) = response.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|_| NoAnswer("the upstream's answer broke off"))?
-            .to_bytes();
+        let body = whole(body, "the upstream's answer broke off").await?;
         // The Content-Length stays (a HEAD answer's describes a body it does not carry).
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, Full::new(body)))
