@@ -1,14 +1,14 @@
-//! A minimal Azure Blob client for the emulator tests: Shared Key signing and the few
-//! operations the canaries need (create container, Put Blob with conditions, Get Blob).
+//! A minimal Azure Blob client for the emulator tests: the few operations the canaries need
+//! (create container, Put Blob with conditions, Get Blob), signed with leader-azure's Shared
+//! Key signer (its `test-util` feature).
 //!
 //! Azurite checks Shared Key signatures like the real service, so every request is signed.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, KeyInit, Mac};
+use std::time::{Duration, UNIX_EPOCH};
+
+use leader_azure::SharedKeySigner;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Request, StatusCode};
-use sha2::Sha256;
 
 /// Azurite's development account name.
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";
@@ -21,8 +21,8 @@ pub const API_VERSION: &str = "2025-01-05";
 /// Errors of the Blob helpers.
 #[derive(Debug)]
 pub enum AzureError {
-    /// The account key is not valid base64.
-    BadKey(base64::DecodeError),
+    /// The account key is not valid base64 (or is empty).
+    BadKey(leader_core::Error),
     /// A header value could not be built.
     BadHeader(String),
     /// The HTTP request failed (connection refused, timeout, ...).
@@ -41,7 +41,7 @@ pub enum AzureError {
 impl std::fmt::Display for AzureError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            AzureError::BadKey(e) => write!(f, "account key is not base64: {e}"),
+            AzureError::BadKey(e) => write!(f, "bad account key: {e}"),
             AzureError::BadHeader(h) => write!(f, "invalid header value: {h}"),
             AzureError::Http(e) => write!(f, "HTTP request failed: {e}"),
             AzureError::Status {
@@ -61,118 +61,34 @@ impl From<reqwest::Error> for AzureError {
     }
 }
 
-/// Signs requests with Shared Key (the `Authorization: SharedKey account:signature` scheme).
-#[derive(Clone)]
-pub struct SharedKeySigner {
-    account: String,
-    key: Vec<u8>,
+/// Signs a reqwest request with leader-azure's Shared Key signer: adds `x-ms-date`,
+/// `x-ms-version` (unless present) and `Authorization`.
+fn sign(signer: &SharedKeySigner, request: &mut Request) -> Result<(), AzureError> {
+    let now = UNIX_EPOCH + Duration::from_millis(leader_core::wall_clock_unix_ms());
+    insert(
+        request.headers_mut(),
+        "x-ms-date",
+        &httpdate::fmt_http_date(now),
+    )?;
+    if !request.headers().contains_key("x-ms-version") {
+        insert(request.headers_mut(), "x-ms-version", API_VERSION)?;
+    }
+    let authorization = signer.authorization(&string_to_sign(signer, request));
+    insert(request.headers_mut(), "authorization", &authorization)
 }
 
-impl std::fmt::Debug for SharedKeySigner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedKeySigner")
-            .field("account", &self.account)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SharedKeySigner {
-    /// A signer for `account` with its base64 key.
-    pub fn new(account: &str, base64_key: &str) -> Result<Self, AzureError> {
-        Ok(SharedKeySigner {
-            account: account.to_owned(),
-            key: BASE64.decode(base64_key).map_err(AzureError::BadKey)?,
-        })
-    }
-
-    /// The string to sign for a Blob service request (API versions 2015-02-21 and later), built
-    /// from the method, the standard headers, the `x-ms-*` headers and the resource.
-    pub fn string_to_sign(&self, request: &Request) -> String {
-        let headers = request.headers();
-        let get = |name: &str| -> String {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned()
-        };
-        // reqwest adds Content-Length when sending; sign what it will send. Zero is signed
-        // as empty.
-        let content_length = match request.body().and_then(|b| b.as_bytes()) {
-            Some(bytes) if !bytes.is_empty() => bytes.len().to_string(),
-            _ => String::new(),
-        };
-        let mut out = String::new();
-        out.push_str(request.method().as_str());
-        out.push('\n');
-        for value in [
-            get("content-encoding"),
-            get("content-language"),
-            content_length,
-            get("content-md5"),
-            get("content-type"),
-            get("date"),
-            get("if-modified-since"),
-            get("if-match"),
-            get("if-none-match"),
-            get("if-unmodified-since"),
-            get("range"),
-        ] {
-            out.push_str(&value);
-            out.push('\n');
-        }
-        out.push_str(&canonical_headers(headers));
-        out.push_str(&self.canonical_resource(request.url()));
-        out
-    }
-
-    fn canonical_resource(&self, url: &reqwest::Url) -> String {
-        // Path-style URLs (the emulator's) carry the account in the path too, so it appears
-        // twice: "/devstoreaccount1/devstoreaccount1/container".
-        let mut out = format!("/{}{}", self.account, url.path());
-        let mut params: Vec<(String, Vec<String>)> = Vec::new();
-        for (name, value) in url.query_pairs() {
-            let name = name.to_lowercase();
-            match params.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, values)) => values.push(value.into_owned()),
-                None => params.push((name, vec![value.into_owned()])),
-            }
-        }
-        params.sort();
-        for (name, mut values) in params {
-            values.sort();
-            out.push('\n');
-            out.push_str(&name);
-            out.push(':');
-            out.push_str(&values.join(","));
-        }
-        out
-    }
-
-    /// Adds `x-ms-date`, `x-ms-version` (unless present) and `Authorization` to the request.
-    pub fn sign(&self, request: &mut Request) -> Result<(), AzureError> {
-        let date = now_http_date();
-        insert(request.headers_mut(), "x-ms-date", &date)?;
-        if !request.headers().contains_key("x-ms-version") {
-            insert(request.headers_mut(), "x-ms-version", API_VERSION)?;
-        }
-        let to_sign = self.string_to_sign(request);
-        // HMAC accepts keys of any length: this cannot fail.
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key)
-            .map_err(|e| AzureError::BadHeader(e.to_string()))?;
-        mac.update(to_sign.as_bytes());
-        let signature = BASE64.encode(mac.finalize().into_bytes());
-        let value = format!("SharedKey {}:{signature}", self.account);
-        insert(request.headers_mut(), "authorization", &value)
-    }
-}
-
-#[allow(
-    clippy::disallowed_methods,
-    reason = "x-ms-date must be the wall-clock time of the request"
-)]
-fn now_http_date() -> String {
-    httpdate::fmt_http_date(std::time::SystemTime::now())
+/// The string to sign of a reqwest request: reqwest adds Content-Length when sending, so the
+/// body's length is signed.
+fn string_to_sign(signer: &SharedKeySigner, request: &Request) -> String {
+    let body_len = request
+        .body()
+        .and_then(|b| b.as_bytes())
+        .map_or(0, <[u8]>::len);
+    let headers = request
+        .headers()
+        .iter()
+        .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
+    signer.string_to_sign(request.method().as_str(), request.url(), headers, body_len)
 }
 
 fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) -> Result<(), AzureError> {
@@ -180,28 +96,6 @@ fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) -> Result<()
         HeaderValue::from_str(value).map_err(|_| AzureError::BadHeader(value.to_owned()))?;
     headers.insert(HeaderName::from_static(name), value);
     Ok(())
-}
-
-fn canonical_headers(headers: &HeaderMap) -> String {
-    let mut ms: Vec<(String, String)> = headers
-        .iter()
-        .filter(|(name, _)| name.as_str().starts_with("x-ms-"))
-        .map(|(name, value)| {
-            let value = String::from_utf8_lossy(value.as_bytes());
-            // Unfold: runs of whitespace become one space, ends trimmed.
-            let value = value.split_whitespace().collect::<Vec<_>>().join(" ");
-            (name.as_str().to_owned(), value)
-        })
-        .collect();
-    ms.sort();
-    let mut out = String::new();
-    for (name, value) in ms {
-        out.push_str(&name);
-        out.push(':');
-        out.push_str(&value);
-        out.push('\n');
-    }
-    out
 }
 
 /// A precondition on Put Blob.
@@ -243,12 +137,12 @@ impl BlobClient {
         Ok(BlobClient {
             http: reqwest::Client::new(),
             base: endpoint_url.trim_end_matches('/').to_owned(),
-            signer: SharedKeySigner::new(account, base64_key)?,
+            signer: SharedKeySigner::new(account, base64_key).map_err(AzureError::BadKey)?,
         })
     }
 
     async fn send(&self, mut request: Request) -> Result<reqwest::Response, AzureError> {
-        self.signer.sign(&mut request)?;
+        sign(&self.signer, &mut request)?;
         Ok(self.http.execute(request).await?)
     }
 
@@ -360,7 +254,7 @@ mod tests {
             .body("abc")
             .build()
             .unwrap();
-        let got = signer.string_to_sign(&request);
+        let got = string_to_sign(&signer, &request);
         let want = "PUT\n\n\n3\n\ntext/plain\n\n\n\"0x1\"\n\n\n\n\
                     x-ms-date:Sun, 29 Nov 2026 09:00:00 GMT\nx-ms-lease-action:acquire\n\
                     x-ms-version:2025-01-05\n\
@@ -375,7 +269,7 @@ mod tests {
             .get("http://127.0.0.1:1/devstoreaccount1/c")
             .build()
             .unwrap();
-        signer.sign(&mut request).unwrap();
+        sign(&signer, &mut request).unwrap();
         let auth = request.headers()["authorization"].to_str().unwrap();
         assert!(auth.starts_with("SharedKey devstoreaccount1:"), "{auth}");
         assert!(request.headers().contains_key("x-ms-date"));

@@ -26,9 +26,7 @@ pub mod tls;
 #[cfg(feature = "docker")]
 mod docker;
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set to `1` by `scripts/emulators` (and so by CI): a missing emulator is a hard failure.
@@ -264,8 +262,7 @@ pub async fn require(emulator: Emulator) -> Option<Endpoint> {
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // RandomState is seeded randomly per process: a cheap random number without a dependency.
-    let random = RandomState::new().hash_one((std::process::id(), n));
+    let random = leader_core::conformance::Rng::from_entropy().next_u64();
     let prefix: String = prefix
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')

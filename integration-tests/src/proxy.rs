@@ -1,24 +1,42 @@
-//! A fault-injecting HTTP proxy between a backend under test and its emulator.
+//! The one fault-injecting HTTP proxy between a backend under test and its emulator.
 //!
-//! It forwards one request per connection (it rewrites `Connection: close` into each request,
-//! so that a response ends when the emulator closes the connection) and, as the test decides,
-//! adds latency, refuses new connections, blackholes requests (holds them without an answer,
-//! like a partition), answers a fraction of requests with a throttling status without
-//! forwarding them, forwards a request and then drops its response (the emulator applied
-//! it; the client never hears), or holds a request past the client's timeout and only then
-//! forwards it (late delivery: the write lands after its sender gave up and re-read).
+//! Built on hyper: it parses each request (a chunked body too), forwards it on a fresh
+//! upstream connection (with `Connection: close`, the body with a `Content-Length`) and answers
+//! the client on a connection that closes after the response. Faults come two ways, and both
+//! can be in force at once:
+//!
+//! - **Random faults** ([`ProxyFaults`], replaced with [`FaultProxy::set`]): latency, refused
+//!   connections, a blackhole (requests held without an answer, like a partition), a fraction
+//!   of requests answered with a throttling status without being forwarded, a fraction
+//!   forwarded whose response is dropped (the emulator applied it; the client never hears),
+//!   and a fraction held past the client's timeout and only then forwarded (late delivery: the
+//!   write lands after its sender gave up and re-read). The dice are seeded.
+//! - **Planned faults** ([`Rule`], added with [`FaultProxy::inject`]): for the requests that
+//!   [`Match`] (say the next `UpdateItem`, or GCS uploads), after letting some through, a
+//!   [`Fault`]: a canned answer shaped like the store's own ([`Canned::aws_throttling`],
+//!   [`Canned::gcs`], [`Canned::azure_server_busy`]), a dropped connection, a delay, a lost or
+//!   held response, a late delivery.
+//!
+//! Once a request is read, what the proxy does with it goes on whether or not its client is
+//! still there: a late or lost write is applied even after the client has given up.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use leader_core::conformance::Rng;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The faults in force; change them with [`FaultProxy::set`].
+/// The random faults in force; change them with [`FaultProxy::set`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ProxyFaults {
     /// Added before each request is forwarded.
@@ -62,9 +80,9 @@ impl Default for ProxyFaults {
 pub struct ProxyCounts {
     /// Requests forwarded with their response returned.
     pub forwarded: AtomicU64,
-    /// Requests answered with a throttling status.
+    /// Requests answered with a throttling status or another canned answer, not forwarded.
     pub throttled: AtomicU64,
-    /// Requests forwarded whose response was dropped.
+    /// Requests forwarded whose response was dropped (at once or after a hold).
     pub lost: AtomicU64,
     /// Connections refused.
     pub refused: AtomicU64,
@@ -72,44 +90,231 @@ pub struct ProxyCounts {
     pub blackholed: AtomicU64,
     /// Requests delivered late (held, then forwarded with the response dropped).
     pub late: AtomicU64,
+    /// Requests whose connection was closed without forwarding them.
+    pub dropped: AtomicU64,
+}
+
+/// Which requests a [`Rule`] applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// Every request.
+    Any,
+    /// AWS JSON-protocol requests (DynamoDB) of one operation, as named by `X-Amz-Target`
+    /// (`UpdateItem`, `TransactWriteItems`, ...).
+    AwsOperation(String),
+    /// Requests with `method` whose path starts with `prefix` (GCS uploads: `POST /upload`).
+    Path {
+        /// The method.
+        method: Method,
+        /// The start of the path.
+        prefix: String,
+    },
+}
+
+impl Match {
+    /// AWS requests of `operation`.
+    pub fn aws(operation: &str) -> Self {
+        Self::AwsOperation(operation.to_owned())
+    }
+
+    /// Requests with `method` whose path starts with `prefix`.
+    pub fn path(method: Method, prefix: &str) -> Self {
+        Self::Path {
+            method,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    fn matches(&self, seen: &Seen) -> bool {
+        match self {
+            Match::Any => true,
+            Match::AwsOperation(op) => seen.aws_operation.as_deref() == Some(op.as_str()),
+            Match::Path { method, prefix } => {
+                seen.method == *method && seen.path.starts_with(prefix)
+            }
+        }
+    }
+}
+
+/// A canned answer, sent without forwarding the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Canned {
+    /// The status.
+    pub status: u16,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl Canned {
+    /// `status` with an empty body and `Retry-After: 1`: a generic throttling answer.
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            headers: vec![("retry-after", "1".to_owned())],
+            body: String::new(),
+        }
+    }
+
+    /// DynamoDB's throttling answer: 400 with a `ThrottlingException` in the JSON protocol.
+    pub fn aws_throttling() -> Self {
+        Self {
+            status: 400,
+            headers: vec![("content-type", "application/x-amz-json-1.0".to_owned())],
+            body: r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate of requests exceeds the allowed throughput."}"#
+                .to_owned(),
+        }
+    }
+
+    /// A Cloud Storage JSON API error with `status` (429 rate limit, 503 backend error).
+    pub fn gcs(status: u16) -> Self {
+        let (reason, message) = match status {
+            429 => (
+                "rateLimitExceeded",
+                "The rate of change requests to the object is too high.",
+            ),
+            _ => ("backendError", "Backend Error"),
+        };
+        Self {
+            status,
+            headers: vec![("content-type", "application/json; charset=UTF-8".to_owned())],
+            body: format!(
+                r#"{{"error":{{"code":{status},"message":"{message}","errors":[{{"message":"{message}","domain":"global","reason":"{reason}"}}]}}}}"#
+            ),
+        }
+    }
+
+    /// Azure Storage's 503 `ServerBusy`.
+    pub fn azure_server_busy() -> Self {
+        Self {
+            status: 503,
+            headers: vec![
+                ("content-type", "application/xml".to_owned()),
+                ("x-ms-error-code", "ServerBusy".to_owned()),
+            ],
+            body: "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code>\
+                   <Message>The server is currently unable to receive requests. Please retry \
+                   your request.</Message></Error>"
+                .to_owned(),
+        }
+    }
+
+    fn response(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::from(self.body.clone())));
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        for (name, value) in &self.headers {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                response.headers_mut().insert(*name, value);
+            }
+        }
+        response
+    }
+}
+
+/// What the proxy does to a request a [`Rule`] matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Answers with this, without forwarding.
+    Answer(Canned),
+    /// Closes the connection without forwarding or answering.
+    Drop,
+    /// Holds the request this long, then forwards it as usual.
+    Delay(Duration),
+    /// Forwards it (the store applies it) and closes the connection without the answer.
+    LoseResponse,
+    /// Forwards it, then holds the connection this long without an answer (the client times
+    /// out), then closes it.
+    HoldResponse(Duration),
+    /// Holds the request this long, then forwards it (it lands after its client gave up) and
+    /// drops the answer.
+    Late(Duration),
+}
+
+/// A planned fault: to the requests that match, after `skip` of them went through
+/// untouched, `fault`, `times` times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    matcher: Match,
+    fault: Fault,
+    skip: u64,
+    times: u64,
+}
+
+impl Rule {
+    /// `fault` on the next request that matches.
+    pub fn new(matcher: Match, fault: Fault) -> Self {
+        Self {
+            matcher,
+            fault,
+            skip: 0,
+            times: 1,
+        }
+    }
+
+    /// Lets `skip` matching requests through first.
+    pub fn after(mut self, skip: u64) -> Self {
+        self.skip = skip;
+        self
+    }
+
+    /// Applies the fault to `times` matching requests (1 unless told).
+    pub fn times(mut self, times: u64) -> Self {
+        self.times = times;
+        self
+    }
+}
+
+/// What the proxy needs to know of a request to match and count it.
+struct Seen {
+    method: Method,
+    path: String,
+    aws_operation: Option<String>,
+}
+
+impl Seen {
+    fn label(&self) -> String {
+        match &self.aws_operation {
+            Some(op) => op.clone(),
+            None => format!("{} {}", self.method, self.path),
+        }
+    }
 }
 
 struct Shared {
     upstream: SocketAddr,
     faults: watch::Sender<ProxyFaults>,
     counts: ProxyCounts,
-    rng: Mutex<u64>,
-    /// Requests to let through, then requests whose response is lost, whatever the faults.
-    lose_plan: Mutex<(u64, u64)>,
+    rng: Mutex<Rng>,
+    rules: Mutex<Vec<Rule>>,
+    requests: Mutex<BTreeMap<String, u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
-    fn planned_loss(&self) -> bool {
-        let mut plan = self.lose_plan.lock().unwrap_or_else(|e| e.into_inner());
-        match *plan {
-            (0, 0) => false,
-            (0, lose) => {
-                plan.1 = lose - 1;
-                true
-            }
-            (skip, _) => {
-                plan.0 = skip - 1;
-                false
-            }
-        }
+    fn chance(&self, p: f64) -> bool {
+        p > 0.0 && lock(&self.rng).chance(p)
     }
 
-    fn chance(&self, p: f64) -> bool {
-        if p <= 0.0 {
-            return false;
+    /// The fault of the first rule that takes this request; spent rules are removed.
+    fn planned(&self, seen: &Seen) -> Option<Fault> {
+        let mut rules = lock(&self.rules);
+        let i = rules.iter().position(|r| r.matcher.matches(seen))?;
+        let rule = &mut rules[i];
+        if rule.skip > 0 {
+            rule.skip -= 1;
+            return None;
         }
-        let mut s = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 / (1u64 << 53) as f64) < p
+        let fault = rule.fault.clone();
+        rule.times = rule.times.saturating_sub(1);
+        if rule.times == 0 {
+            rules.remove(i);
+        }
+        Some(fault)
     }
 }
 
@@ -160,11 +365,27 @@ impl FaultProxy {
             upstream,
             faults,
             counts: ProxyCounts::default(),
-            rng: Mutex::new(seed),
-            lose_plan: Mutex::new((0, 0)),
+            rng: Mutex::new(Rng::seeded(seed)),
+            rules: Mutex::new(Vec::new()),
+            requests: Mutex::new(BTreeMap::new()),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Self { addr, shared, task })
+    }
+
+    /// Starts a proxy in front of the emulator at `url` (`http://host:port[/path]`; the path
+    /// is not kept: add it to [`url`](Self::url) where the store needs it).
+    ///
+    /// # Errors
+    /// If `url` is not a plain-HTTP URL, or as [`start`](Self::start).
+    pub async fn in_front_of(url: &str, seed: u64) -> std::io::Result<Self> {
+        let upstream = authority(url).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not an http:// URL: {url}"),
+            )
+        })?;
+        Self::start(upstream, seed).await
     }
 
     /// The proxy's base URL, `http://127.0.0.1:PORT`.
@@ -172,23 +393,38 @@ impl FaultProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Replaces the faults in force.
+    /// Replaces the random faults in force.
     pub fn set(&self, faults: ProxyFaults) {
         self.shared.faults.send_replace(faults);
     }
 
-    /// Of the next requests (in the order they arrive), lets `skip` through and then forwards
-    /// `count` and drops their responses, whatever the faults in force; requests held by a
-    /// blackhole or throttled do not count.
-    pub fn lose_responses(&self, skip: u64, count: u64) {
-        *self
-            .shared
-            .lose_plan
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = (skip, count);
+    /// Adds a planned fault, after those already planned (the first rule that matches a
+    /// request takes it).
+    pub fn inject(&self, rule: Rule) {
+        lock(&self.shared.rules).push(rule);
     }
 
-    /// Turns every fault off.
+    /// Drops every planned fault not yet spent.
+    pub fn clear_rules(&self) {
+        lock(&self.shared.rules).clear();
+    }
+
+    /// Of the next requests (in the order they arrive), lets `skip` through and then forwards
+    /// `count` and drops their responses, whatever the random faults in force; requests held
+    /// by a blackhole or throttled do not count. Replaces every planned fault.
+    pub fn lose_responses(&self, skip: u64, count: u64) {
+        let mut rules = lock(&self.shared.rules);
+        rules.clear();
+        if count > 0 {
+            rules.push(
+                Rule::new(Match::Any, Fault::LoseResponse)
+                    .after(skip)
+                    .times(count),
+            );
+        }
+    }
+
+    /// Turns every random fault off (planned faults stay).
     pub fn heal(&self) {
         self.set(ProxyFaults::default());
     }
@@ -196,6 +432,17 @@ impl FaultProxy {
     /// What the proxy did so far.
     pub fn counts(&self) -> &ProxyCounts {
         &self.shared.counts
+    }
+
+    /// The requests received per operation (the AWS operation, else `METHOD /path`), since
+    /// the start or the last [`reset_requests`](Self::reset_requests).
+    pub fn requests(&self) -> BTreeMap<String, u64> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Starts counting [`requests`](Self::requests) afresh.
+    pub fn reset_requests(&self) {
+        lock(&self.shared.requests).clear();
     }
 }
 
@@ -209,183 +456,188 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             drop(conn);
             continue;
         }
-        tokio::spawn(handle(conn, shared.clone()));
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let shared = shared.clone();
+                async move { handle(request, shared).await }
+            });
+            // One request per connection, as the emulators' clients see from a proxy that
+            // closes after each answer; a request without an answer closes it too.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(conn), service)
+                .await;
+        });
     }
 }
 
-const MAX_HEAD: usize = 64 * 1024;
+/// Why a request got no answer: the connection is closed without one.
+#[derive(Debug)]
+struct NoAnswer(&'static str);
 
-/// Reads one request: the head (rewritten to `Connection: close`) and its body.
-async fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::with_capacity(4096);
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > MAX_HEAD {
-            return None;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = conn.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The whole of `body`; `broken` says why there is no answer if it breaks off.
+async fn whole(body: Incoming, broken: &'static str) -> Result<Bytes, NoAnswer> {
+    Ok(body
+        .collect()
+        .await
+        .map_err(|_| NoAnswer(broken))?
+        .to_bytes())
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+) -> Result<Response<Full<Bytes>>, NoAnswer> {
+    let (mut parts, body) = request.into_parts();
+    // The whole body (a chunked one de-chunked), forwarded with a Content-Length.
+    let body = whole(body, "the request body did not arrive").await?;
+    let had_body = parts.headers.contains_key(header::CONTENT_LENGTH)
+        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    strip_hop_by_hop(&mut parts.headers);
+    // The body is sent whole, so no interim 100 Continue is wanted from the upstream.
+    parts.headers.remove(header::EXPECT);
+    if had_body {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let seen = Seen {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_owned(),
+        aws_operation: parts
+            .headers
+            .get("x-amz-target")
+            .and_then(|t| t.to_str().ok())
+            .and_then(|t| t.split('.').nth(1))
+            .map(str::to_owned),
     };
-    let head = std::str::from_utf8(&buf[..head_end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next()?;
-    let mut content_length = 0usize;
-    let mut chunked = false;
-    let mut out = format!("{request_line}\r\n");
-    for line in lines.filter(|l| !l.is_empty()) {
-        let (name, value) = line.split_once(':')?;
-        let name_l = name.trim().to_ascii_lowercase();
-        if name_l == "connection" || name_l == "keep-alive" {
-            continue;
-        }
-        if name_l == "transfer-encoding" {
-            // A chunked body (the GCS client's uploads) is forwarded de-chunked, with a
-            // Content-Length, so that the upstream sees one plain request.
-            if !value.trim().eq_ignore_ascii_case("chunked") {
-                return None;
-            }
-            chunked = true;
-            continue;
-        }
-        if name_l == "content-length" {
-            content_length = value.trim().parse().ok()?;
-        }
-        out.push_str(line);
-        out.push_str("\r\n");
-    }
-    let mut body = buf[head_end..].to_vec();
-    if chunked {
-        let body = read_chunked(conn, body).await?;
-        out.push_str(&format!("Content-Length: {}\r\n", body.len()));
-        out.push_str("Connection: close\r\n\r\n");
-        let mut request = out.into_bytes();
-        request.extend_from_slice(&body);
-        return Some(request);
-    }
-    out.push_str("Connection: close\r\n\r\n");
-    while body.len() < content_length {
-        let mut chunk = vec![0u8; (content_length - body.len()).min(64 * 1024)];
-        let n = conn.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    let mut request = out.into_bytes();
-    request.extend_from_slice(&body);
-    Some(request)
+    *lock(&shared.requests).entry(seen.label()).or_default() += 1;
+    let request = Request::from_parts(parts, Full::new(body));
+    // What follows goes on if the client leaves: a held or late write still lands.
+    tokio::spawn(decide(request, seen, shared))
+        .await
+        .map_err(|_| NoAnswer("the proxy's task failed"))?
 }
 
-/// Reads the rest of a chunked body (`pending` holds what was read after the head) and returns
-/// it de-chunked; trailers are dropped.
-async fn read_chunked(conn: &mut TcpStream, mut pending: Vec<u8>) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        // The size line.
-        let line_end = loop {
-            if let Some(i) = pending.windows(2).position(|w| w == b"\r\n") {
-                break i;
-            }
-            if pending.len() > MAX_HEAD {
-                return None;
-            }
-            fill(conn, &mut pending).await?;
-        };
-        let line = std::str::from_utf8(&pending[..line_end]).ok()?;
-        let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
-        pending.drain(..line_end + 2);
-        if size == 0 {
-            // Trailers, up to the empty line.
-            loop {
-                if let Some(i) = pending.windows(2).position(|w| w == b"\r\n") {
-                    if i == 0 {
-                        return Some(body);
-                    }
-                    pending.drain(..i + 2);
-                    continue;
-                }
-                fill(conn, &mut pending).await?;
-            }
-        }
-        while pending.len() < size + 2 {
-            fill(conn, &mut pending).await?;
-        }
-        body.extend_from_slice(&pending[..size]);
-        pending.drain(..size + 2);
-    }
-}
-
-async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
-    let mut chunk = [0u8; 4096];
-    let n = conn.read(&mut chunk).await.ok()?;
-    if n == 0 {
-        return None;
-    }
-    buf.extend_from_slice(&chunk[..n]);
-    Some(())
-}
-
-async fn handle(mut conn: TcpStream, shared: Arc<Shared>) {
-    let Some(request) = read_request(&mut conn).await else {
-        return;
-    };
+async fn decide(
+    request: Request<Full<Bytes>>,
+    seen: Seen,
+    shared: Arc<Shared>,
+) -> Result<Response<Full<Bytes>>, NoAnswer> {
+    let counts = &shared.counts;
     let mut faults_rx = shared.faults.subscribe();
     let faults = *faults_rx.borrow_and_update();
     if faults.blackhole {
-        shared.counts.blackholed.fetch_add(1, Ordering::Relaxed);
+        counts.blackholed.fetch_add(1, Ordering::Relaxed);
         let _ = faults_rx.wait_for(|f| !f.blackhole).await;
-        return;
+        return Err(NoAnswer("blackholed"));
     }
     if !faults.latency.is_zero() {
         tokio::time::sleep(faults.latency).await;
     }
     if shared.chance(faults.throttle_fraction) {
-        shared.counts.throttled.fetch_add(1, Ordering::Relaxed);
-        let reason = if faults.throttle_status == 429 {
-            "Too Many Requests"
-        } else {
-            "Service Unavailable"
-        };
-        let answer = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
-            faults.throttle_status
-        );
-        let _ = conn.write_all(answer.as_bytes()).await;
-        let _ = conn.shutdown().await;
-        return;
+        counts.throttled.fetch_add(1, Ordering::Relaxed);
+        return Ok(Canned::status(faults.throttle_status).response());
     }
-    let late = shared.chance(faults.late_fraction);
-    if late {
+    let planned = shared.planned(&seen);
+    let late = match planned {
+        Some(Fault::Late(by)) => Some(by),
+        _ => shared
+            .chance(faults.late_fraction)
+            .then_some(faults.late_by),
+    };
+    let lose = match &planned {
+        Some(Fault::Answer(canned)) => {
+            counts.throttled.fetch_add(1, Ordering::Relaxed);
+            return Ok(canned.response());
+        }
+        Some(Fault::Drop) => {
+            counts.dropped.fetch_add(1, Ordering::Relaxed);
+            return Err(NoAnswer("dropped"));
+        }
+        Some(Fault::Delay(by)) => {
+            tokio::time::sleep(*by).await;
+            None
+        }
+        Some(Fault::LoseResponse) => Some(Duration::ZERO),
+        Some(Fault::HoldResponse(hold)) => Some(*hold),
+        Some(Fault::Late(_)) | None => None,
+    };
+    if let Some(by) = late {
         // Held past the client's timeout whether or not the client is still there, then
         // applied: the hardest lost-response case.
-        tokio::time::sleep(faults.late_by).await;
+        tokio::time::sleep(by).await;
     }
-    let lose = late || shared.planned_loss() || shared.chance(faults.lose_response_fraction);
-    let Ok(mut up) = TcpStream::connect(shared.upstream).await else {
-        return;
-    };
-    if up.write_all(&request).await.is_err() {
-        return;
+    let lose = lose.or_else(|| {
+        shared
+            .chance(faults.lose_response_fraction)
+            .then_some(Duration::ZERO)
+    });
+    let response = forward(shared.upstream, request).await?;
+    if late.is_some() {
+        counts.late.fetch_add(1, Ordering::Relaxed);
+        return Err(NoAnswer("applied long after the client gave up"));
     }
-    let mut response = Vec::new();
-    if up.read_to_end(&mut response).await.is_err() {
-        return;
+    if let Some(hold) = lose {
+        counts.lost.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(hold).await;
+        return Err(NoAnswer("the emulator applied it; the client never hears"));
     }
-    if late {
-        shared.counts.late.fetch_add(1, Ordering::Relaxed);
-        return; // applied long after the client gave up
+    counts.forwarded.fetch_add(1, Ordering::Relaxed);
+    Ok(response)
+}
+
+/// Sends `request` to the upstream on a connection of its own and reads the whole answer.
+async fn forward(
+    upstream: SocketAddr,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Full<Bytes>>, NoAnswer> {
+    let conn = TcpStream::connect(upstream)
+        .await
+        .map_err(|_| NoAnswer("the upstream refused"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(conn))
+        .await
+        .map_err(|_| NoAnswer("the upstream handshake failed"))?;
+    let driver = tokio::spawn(connection);
+    let result = async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|_| NoAnswer("the upstream did not answer"))?;
+        let (mut parts, body) = response.into_parts();
+        let body = whole(body, "the upstream's answer broke off").await?;
+        // The Content-Length stays (a HEAD answer's describes a body it does not carry).
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, Full::new(body)))
     }
-    if lose {
-        shared.counts.lost.fetch_add(1, Ordering::Relaxed);
-        return; // the emulator applied it; the client never hears
-    }
-    shared.counts.forwarded.fetch_add(1, Ordering::Relaxed);
-    let _ = conn.write_all(&response).await;
-    let _ = conn.shutdown().await;
+    .await;
+    driver.abort();
+    result
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use integration_tests::tls::{TlsSetup, require_tls};
 use integration_tests::{Emulator, require, unique_name};
-use leader_core::conformance::{ConformantStore, Harness, fidelity_canary};
+use leader_core::conformance::{ConformantStore, Harness, fidelity_canary, unique_key};
 use leader_core::{Error, LeaseKey, Timing};
 
 /// Set in the child: run the body instead of spawning.
@@ -59,7 +59,7 @@ impl Harness for Canary {
         Ok(self.store.clone())
     }
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(unique_name("canary")).unwrap()
+        unique_key("canary").unwrap()
     }
     fn timing(&self) -> Timing {
         Timing::from_ttl(self.ttl)

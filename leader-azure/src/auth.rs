@@ -3,14 +3,17 @@
 //! The new SDK authenticates with Entra ID tokens or SAS only; an account key (Azurite,
 //! `UseDevelopmentStorage=true`, development accounts) needs the `SharedKey` scheme. The policy
 //! runs on every try, after every other policy has set its headers and just before the
-//! transport, so that the signature covers the request as sent.
+//! transport, so that the signature covers the request as sent. The signer itself is
+//! public with the `test-util` feature.
+// `SharedKeySigner` is reachable from outside with the `test-util` feature only.
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use azure_core::http::policies::{Policy, PolicyResult};
-use azure_core::http::{Body, Context, Request};
+use azure_core::http::{Body, Context, Request, Url};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
@@ -18,25 +21,37 @@ use sha2::Sha256;
 
 use crate::error::AzureError;
 
-/// Signs Blob requests with an account key.
+/// Shared Key signing of Blob service requests (service version 2015-02-21 and later) with
+/// an account key: the string to sign, its HMAC-SHA256 and the `Authorization` value.
+///
+/// The store signs with it internally; the `test-util` feature makes it public so that test
+/// tools (a plain HTTP client of Azurite, say) sign the same way instead of keeping a copy.
 #[derive(Clone)]
-pub(crate) struct SharedKeyPolicy {
+pub struct SharedKeySigner {
     account: String,
     key: Vec<u8>,
 }
 
-impl std::fmt::Debug for SharedKeyPolicy {
+impl std::fmt::Debug for SharedKeySigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key.
-        f.debug_struct("SharedKeyPolicy")
+        f.debug_struct("SharedKeySigner")
             .field("account", &self.account)
             .finish_non_exhaustive()
     }
 }
 
-impl SharedKeyPolicy {
+impl SharedKeySigner {
     /// A signer for `account` with its base64 key.
-    pub(crate) fn new(account: &str, base64_key: &str) -> Result<Self, AzureError> {
+    ///
+    /// # Errors
+    /// An invalid-configuration error if the key is not base64 or is empty.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    pub fn new(account: &str, base64_key: &str) -> Result<Self, leader_core::Error> {
+        Ok(Self::with_key(account, base64_key)?)
+    }
+
+    fn with_key(account: &str, base64_key: &str) -> Result<Self, AzureError> {
         let key = BASE64
             .decode(base64_key.trim())
             .map_err(AzureError::BadKey)?;
@@ -49,12 +64,19 @@ impl SharedKeyPolicy {
         })
     }
 
-    /// The string to sign of a Blob request (service version 2015-02-21 and later).
-    pub(crate) fn string_to_sign(&self, request: &Request) -> String {
-        let mut headers: Vec<(String, &str)> = request
-            .headers()
-            .iter()
-            .map(|(name, value)| (name.as_str().to_ascii_lowercase(), value.as_str()))
+    /// The string to sign of a request: its method, URL, headers (names in any case) and the
+    /// length of its body (signed where no `Content-Length` header says it; zero is signed as
+    /// empty).
+    pub fn string_to_sign<'a>(
+        &self,
+        method: &str,
+        url: &Url,
+        headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+        body_len: usize,
+    ) -> String {
+        let mut headers: Vec<(String, &str)> = headers
+            .into_iter()
+            .map(|(name, value)| (name.to_ascii_lowercase(), value))
             .collect();
         headers.sort_by(|a, b| a.0.cmp(&b.0));
         let get = |name: &str| -> &str {
@@ -64,19 +86,13 @@ impl SharedKeyPolicy {
                 .map(|(_, v)| *v)
                 .unwrap_or("")
         };
-        let body_len = match request.body() {
-            Body::Bytes(bytes) => bytes.len(),
-            #[allow(unreachable_patterns)]
-            _ => 0,
-        };
-        // An empty body is signed as an empty Content-Length.
         let content_length = match get("content-length") {
             "" | "0" if body_len == 0 => String::new(),
             "" | "0" => body_len.to_string(),
             declared => declared.to_owned(),
         };
         let mut out = String::with_capacity(256);
-        out.push_str(request.method().as_ref());
+        out.push_str(method);
         out.push('\n');
         for value in [
             get("content-encoding"),
@@ -97,14 +113,17 @@ impl SharedKeyPolicy {
         for (name, value) in headers.iter().filter(|(n, _)| n.starts_with("x-ms-")) {
             out.push_str(name);
             out.push(':');
+            // Unfolded: runs of whitespace become one space, ends trimmed.
             out.push_str(&value.split_whitespace().collect::<Vec<_>>().join(" "));
             out.push('\n');
         }
-        out.push_str(&self.canonical_resource(request.url()));
+        out.push_str(&self.canonical_resource(url));
         out
     }
 
-    fn canonical_resource(&self, url: &azure_core::http::Url) -> String {
+    /// Path-style URLs (the emulator's) carry the account in the path too, so it appears
+    /// twice: `/devstoreaccount1/devstoreaccount1/container`.
+    fn canonical_resource(&self, url: &Url) -> String {
         let mut out = format!("/{}{}", self.account, url.path());
         let mut params: Vec<(String, Vec<String>)> = Vec::new();
         for (name, value) in url.query_pairs() {
@@ -126,7 +145,7 @@ impl SharedKeyPolicy {
     }
 
     /// The base64 HMAC-SHA256 of `string_to_sign` under the account key.
-    pub(crate) fn signature(&self, string_to_sign: &str) -> String {
+    pub fn signature(&self, string_to_sign: &str) -> String {
         // HMAC takes keys of any length, so this never fails; an empty key is refused in new().
         match Hmac::<Sha256>::new_from_slice(&self.key) {
             Ok(mut mac) => {
@@ -137,15 +156,54 @@ impl SharedKeyPolicy {
         }
     }
 
+    /// The `Authorization` header's value for `string_to_sign`.
+    pub fn authorization(&self, string_to_sign: &str) -> String {
+        format!(
+            "SharedKey {}:{}",
+            self.account,
+            self.signature(string_to_sign)
+        )
+    }
+}
+
+/// Signs Blob requests with an account key.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedKeyPolicy {
+    signer: SharedKeySigner,
+}
+
+impl SharedKeyPolicy {
+    /// A signer for `account` with its base64 key.
+    pub(crate) fn new(account: &str, base64_key: &str) -> Result<Self, AzureError> {
+        Ok(Self {
+            signer: SharedKeySigner::with_key(account, base64_key)?,
+        })
+    }
+
+    /// The string to sign of an SDK request.
+    pub(crate) fn string_to_sign(&self, request: &Request) -> String {
+        let body_len = match request.body() {
+            Body::Bytes(bytes) => bytes.len(),
+            #[allow(unreachable_patterns)]
+            _ => 0,
+        };
+        self.signer.string_to_sign(
+            request.method().as_ref(),
+            request.url(),
+            request
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str())),
+            body_len,
+        )
+    }
+
     /// Adds `x-ms-date` and `Authorization` to `request`.
     pub(crate) fn sign(&self, request: &mut Request) {
         let now = UNIX_EPOCH + Duration::from_millis(leader_core::wall_clock_unix_ms());
         request.insert_header("x-ms-date", httpdate::fmt_http_date(now));
-        let signature = self.signature(&self.string_to_sign(request));
-        request.insert_header(
-            "authorization",
-            format!("SharedKey {}:{signature}", self.account),
-        );
+        let authorization = self.signer.authorization(&self.string_to_sign(request));
+        request.insert_header("authorization", authorization);
     }
 }
 
@@ -212,7 +270,9 @@ mod tests {
     fn known_request_gives_known_signature() {
         // Computed independently (Python hmac/base64) from the string to sign above.
         let signer = SharedKeyPolicy::new("devstoreaccount1", DEV_KEY).unwrap();
-        let got = signer.signature(&signer.string_to_sign(&lease_request()));
+        let got = signer
+            .signer
+            .signature(&signer.string_to_sign(&lease_request()));
         assert_eq!(got, KNOWN_SIGNATURE);
     }
 
@@ -239,5 +299,6 @@ mod tests {
         let shown = format!("{signer:?}");
         assert!(!shown.contains("Eby8"), "{shown}");
         assert!(SharedKeyPolicy::new("acct", "not base64!").is_err());
+        assert!(SharedKeySigner::new("acct", "").is_err());
     }
 }

@@ -75,6 +75,8 @@ mod builder;
 mod client;
 mod error;
 
+#[cfg(feature = "test-util")]
+pub use auth::SharedKeySigner;
 pub use azure_identity::UserAssignedId;
 pub use builder::{AzureLeaseStoreBuilder, EMULATOR_ACCOUNT, EMULATOR_ENDPOINT, EMULATOR_KEY};
 pub use client::{AzureLeaseStore, MAX_LEASE_SECS, MIN_LEASE_SECS};

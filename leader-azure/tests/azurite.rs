@@ -7,16 +7,16 @@
 )] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_storage_blob::models::{BlobClientAcquireLeaseOptions, BlobClientBreakLeaseOptions};
-use integration_tests::proxy::{FaultProxy, ProxyFaults, authority};
+use integration_tests::proxy::{FaultProxy, ProxyFaults};
 use integration_tests::{Emulator, require, unique_name};
 use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
 use leader_core::backend::within;
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{
     Acquisition, ConfigError, Error, ErrorKind, Expected, ExpiryModel, FencingToken, HolderId,
     LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, Stored, TermId, Timing,
@@ -29,7 +29,6 @@ const TTL: Duration = Duration::from_secs(15);
 struct Azurite {
     endpoint: String,
     container: String,
-    next: AtomicU64,
 }
 
 async fn endpoint() -> String {
@@ -43,7 +42,6 @@ async fn azurite() -> Azurite {
     Azurite {
         endpoint: endpoint().await,
         container: unique_name("lease-az"),
-        next: AtomicU64::new(0),
     }
 }
 
@@ -70,11 +68,7 @@ impl Harness for Azurite {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {
@@ -337,18 +331,16 @@ async fn timing_the_service_cannot_honour_is_rejected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_without_an_answer_is_indeterminate_within_the_request_timeout() {
-    // A server that accepts connections and never answers.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hold = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            open.push(socket);
-        }
+    // The fault proxy in front of Azurite holds every request without an answer.
+    let h = azurite().await;
+    let proxy = FaultProxy::in_front_of(&h.endpoint, 4).await.unwrap();
+    proxy.set(ProxyFaults {
+        blackhole: true,
+        ..ProxyFaults::default()
     });
     let limit = Duration::from_millis(400);
     let store = AzureLeaseStoreBuilder::new()
-        .with_emulator(format!("http://127.0.0.1:{port}/devstoreaccount1"))
+        .with_emulator(format!("{}/devstoreaccount1", proxy.url()))
         .with_container("leases")
         .build()
         .unwrap();
@@ -378,7 +370,7 @@ async fn a_write_without_an_answer_is_indeterminate_within_the_request_timeout()
         "two calls took {:?}",
         started.elapsed()
     );
-    hold.abort();
+    assert!(proxy.counts().blackholed.load(Ordering::Relaxed) >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,8 +604,7 @@ async fn a_lost_renew_then_another_candidates_lease_ends_the_term() {
 // drops the response.
 
 async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) {
-    let upstream = authority(&h.endpoint).unwrap().to_owned();
-    let proxy = FaultProxy::start(&upstream, seed).await.unwrap();
+    let proxy = FaultProxy::in_front_of(&h.endpoint, seed).await.unwrap();
     let store = AzureLeaseStoreBuilder::new()
         .with_emulator(format!("{}/devstoreaccount1", proxy.url()))
         .with_container(&h.container)

@@ -11,6 +11,7 @@ pub use crate::call::{
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
 use crate::model::{FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId};
+pub use crate::rand::Rng;
 
 /// A record as stored, with the revision the store gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]

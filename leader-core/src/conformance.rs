@@ -7,14 +7,13 @@
 //! ```
 //! # mod wrapper {
 //! use std::sync::Arc;
-//! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::time::Duration;
 //! use async_trait::async_trait;
-//! use leader_core::conformance::{ConformantStore, Harness};
+//! use leader_core::conformance::{ConformantStore, Harness, unique_key};
 //! use leader_core::{Error, LeaseKey, MemoryStore, Timing};
 //!
 //! #[derive(Default)]
-//! struct Memory { store: MemoryStore, next: AtomicU64 }
+//! struct Memory { store: MemoryStore }
 //!
 //! #[async_trait]
 //! impl Harness for Memory {
@@ -22,7 +21,7 @@
 //!         Ok(Arc::new(self.store.clone()))
 //!     }
 //!     fn unique_key(&self) -> LeaseKey {
-//!         LeaseKey::new(format!("case-{}", self.next.fetch_add(1, Ordering::Relaxed))).unwrap()
+//!         unique_key("case").unwrap()
 //!     }
 //!     fn timing(&self) -> Timing {
 //!         Timing::from_ttl(Duration::from_secs(10))
@@ -42,24 +41,45 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{
-    Expected, ExpiryModel, Fence, FencedStore, LeaseBackend, WriteKind, WriteOutcome, WriteRequest,
+    Expected, ExpiryModel, Fence, FencedCas, FencedPut, FencedStore, LeaseBackend, ObjectWrite,
+    WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
 use crate::model::{
     FencingToken, HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce,
 };
 
-/// A store that offers leases and fenced writes.
-pub trait ConformantStore: LeaseBackend + FencedStore {}
-impl<T: LeaseBackend + FencedStore> ConformantStore for T {}
+/// The suite's seeded generator (SplitMix64), for harnesses and test tools that need dice
+/// (a fault proxy's, unique names): one source of randomness in the whole workspace.
+pub use crate::backend::Rng;
+
+/// A lease key for a test that no other call returns: `{prefix}-{n}-{random}`, with a
+/// process-wide counter and eight random hex digits (so that runs sharing a store do not meet
+/// either). Harnesses return it from [`Harness::unique_key`].
+///
+/// # Errors
+/// [`ConfigError::InvalidName`] if `prefix` is not a valid start of a key (ASCII letters,
+/// digits, `-`, `_`, `.`; not too long).
+pub fn unique_key(prefix: &str) -> Result<LeaseKey, ConfigError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let random = Rng::from_entropy().next_u64() & 0xffff_ffff;
+    LeaseKey::new(format!("{prefix}-{n}-{random:08x}"))
+}
+
+/// A store that offers leases and fenced writes (through its [`FencedCas`], which the suite
+/// also checks directly).
+pub trait ConformantStore: LeaseBackend + FencedCas {}
+impl<T: LeaseBackend + FencedCas> ConformantStore for T {}
 
 /// What a backend provides to run the suite.
 #[async_trait]
@@ -68,7 +88,7 @@ pub trait Harness: Send + Sync {
     /// process would have); all must see the same data.
     async fn store(&self) -> Result<Arc<dyn ConformantStore>, Error>;
 
-    /// A lease key that no other case (or earlier run) uses.
+    /// A lease key that no other case (or earlier run) uses; [`unique_key`] makes one.
     fn unique_key(&self) -> LeaseKey;
 
     /// The timing to test with: as short as the store allows.
@@ -604,6 +624,72 @@ pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result
     Ok(())
 }
 
+/// The primitive under fenced writes: a put conditioned on a revision the object no longer
+/// has is a conflict and changes nothing, even with the same token (so a write of a term
+/// delivered late cannot undo a later write of the same term), and a put conditioned on
+/// absence is a conflict once the object exists.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn fenced_put_needs_the_revision_it_read<H: Harness + ?Sized>(
+    h: &H,
+) -> Result<(), Failure> {
+    const CASE: &str = "fenced_put_needs_the_revision_it_read";
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-object")).ctx(CASE, "object name")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let g = acquire(&mut a, CASE, "a").await?;
+    let fence = Fence {
+        key: key.clone(),
+        holder: a.holder().clone(),
+        token: g.token,
+    };
+    let first = store
+        .fenced_write(&fence, &object, b"first")
+        .await
+        .ctx(CASE, "the first fenced write")?;
+    let second = store
+        .fenced_write(&fence, &object, b"second")
+        .await
+        .ctx(CASE, "the second fenced write")?;
+    ensure!(
+        first.revision != second.revision,
+        CASE,
+        "two writes left the same revision {:?}",
+        first.revision
+    );
+    for (expected, what) in [
+        (
+            Expected::Revision(first.revision.clone()),
+            "the first write's revision",
+        ),
+        (Expected::Absent, "absence"),
+    ] {
+        let late = FencedPut::new(&fence, &object, &expected, b"late");
+        match store.put_fenced_if(late).await {
+            Ok(ObjectWrite::Conflict) => {}
+            other => {
+                return Err(fail(
+                    CASE,
+                    format!("a put conditioned on {what} must be a conflict, got {other:?}"),
+                ));
+            }
+        }
+    }
+    let now = store
+        .get_fenced(&object)
+        .await
+        .ctx(CASE, "read object")?
+        .ok_or_else(|| fail(CASE, "object missing"))?;
+    ensure!(
+        now.value == b"second" && now.revision == second.revision,
+        CASE,
+        "the object must still hold the second write"
+    );
+    Ok(())
+}
+
 /// The record deleted in the middle of a term (an operator's usual recovery): the next term,
 /// taken by a candidate that never saw the record, still gets a token above every earlier
 /// one, a protected resource accepts the new leader and rejects the deposed one; and again
@@ -850,22 +936,13 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
     Ok(())
 }
 
-/// Runs every case in turn.
+/// Runs every case in turn, in the order of the one case list (that of
+/// [`conformance_tests!`](crate::conformance_tests)).
 ///
 /// # Errors
 /// The first [`Failure`].
 pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
-    fidelity_canary(h).await?;
-    create_if_absent(h).await?;
-    conflicting_create(h).await?;
-    renew(h).await?;
-    release_then_acquire(h).await?;
-    race(h).await?;
-    deposed_fenced_write_rejected(h).await?;
-    malformed_record_is_reported_and_kept(h).await?;
-    token_survives_deletion(h).await?;
-    takeover_only_after_full_ttl(h).await?;
-    stale_renew_is_conflict(h).await?;
+    crate::conformance_tests!(@list @run h);
     Ok(())
 }
 
@@ -877,17 +954,16 @@ pub async fn run_all<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
 /// (and `test-util` for `paused`).
 #[macro_export]
 macro_rules! conformance_tests {
-    (paused: $harness:expr) => {
-        $crate::conformance_tests!(@cases (start_paused = true) $harness;
+    // The one list of cases; `@list` hands it to the arm named after it.
+    (@list $($then:tt)*) => {
+        $crate::conformance_tests!($($then)*;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
-            race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
+            race, deposed_fenced_write_rejected, fenced_put_needs_the_revision_it_read,
+            malformed_record_is_reported_and_kept,
             token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
     };
-    ($harness:expr) => {
-        $crate::conformance_tests!(@cases (flavor = "multi_thread", worker_threads = 2) $harness;
-            fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
-            race, deposed_fenced_write_rejected, malformed_record_is_reported_and_kept,
-            token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
+    (@run $h:ident; $($case:ident),* $(,)?) => {
+        $( $crate::conformance::$case($h).await?; )*
     };
     (@cases $rt:tt $harness:expr; $($case:ident),* $(,)?) => {
         $(
@@ -899,5 +975,11 @@ macro_rules! conformance_tests {
                 }
             }
         )*
+    };
+    (paused: $harness:expr) => {
+        $crate::conformance_tests!(@list @cases (start_paused = true) $harness);
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@list @cases (flavor = "multi_thread", worker_threads = 2) $harness);
     };
 }

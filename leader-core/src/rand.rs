@@ -1,6 +1,8 @@
-//! A small seedable generator (SplitMix64) for jitter, nonces and simulation.
+//! A small seedable generator (SplitMix64) for jitter, nonces and simulation: the suite's one
+//! source of randomness (the workspace's `clippy.toml` bans the others).
 //!
-//! Not for secrets: it only spreads retries and makes write nonces unique.
+//! Not for secrets: it only spreads retries and makes write nonces unique. Backends and test
+//! harnesses reach it as [`backend::Rng`](crate::backend::Rng).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -8,16 +10,21 @@ use std::time::Duration;
 
 /// SplitMix64: fast, seedable, good enough to spread retries.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn seeded(seed: u64) -> Self {
+    /// A generator that gives the same sequence for the same seed.
+    pub fn seeded(seed: u64) -> Self {
         Self(seed)
     }
 
     /// Seeded from the operating system's randomness (through `RandomState`), the process id
     /// and a process-wide counter, so that two generators never start alike.
-    pub(crate) fn from_entropy() -> Self {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one place that takes the operating system's randomness"
+    )]
+    pub fn from_entropy() -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let mut h = RandomState::new().build_hasher();
@@ -26,7 +33,8 @@ impl Rng {
         Self(h.finish())
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -35,13 +43,16 @@ impl Rng {
     }
 
     /// Uniform in `[0, 1)`.
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) fn next_f64(&mut self) -> f64 {
+    #[cfg_attr(
+        not(any(feature = "simulation", feature = "conformance")),
+        allow(dead_code)
+    )]
+    pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform in `[lo, hi]` (`lo` if `hi <= lo`).
-    pub(crate) fn range_u64(&mut self, lo: u64, hi: u64) -> u64 {
+    pub fn range_u64(&mut self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             return lo;
         }
@@ -50,14 +61,18 @@ impl Rng {
     }
 
     /// Uniform in `[lo, hi]`, to the microsecond.
-    pub(crate) fn duration(&mut self, lo: Duration, hi: Duration) -> Duration {
+    pub fn duration(&mut self, lo: Duration, hi: Duration) -> Duration {
         let lo_us = u64::try_from(lo.as_micros()).unwrap_or(u64::MAX);
         let hi_us = u64::try_from(hi.as_micros()).unwrap_or(u64::MAX);
         Duration::from_micros(self.range_u64(lo_us, hi_us))
     }
 
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) fn chance(&mut self, p: f64) -> bool {
+    #[cfg_attr(
+        not(any(feature = "simulation", feature = "conformance")),
+        allow(dead_code)
+    )]
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
         self.next_f64() < p
     }
 }

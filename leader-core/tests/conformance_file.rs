@@ -2,22 +2,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, FileStore, LeaseKey, Timing};
 
 struct Files {
     dir: tempfile::TempDir,
-    next: AtomicU64,
 }
 
 fn files() -> Files {
     Files {
         dir: tempfile::tempdir().unwrap(),
-        next: AtomicU64::new(0),
     }
 }
 
@@ -29,11 +26,7 @@ impl Harness for Files {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {

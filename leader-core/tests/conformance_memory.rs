@@ -2,17 +2,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::backend::{FencedCas, FencedPut, ObjectWrite};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, LeaseKey, MemoryStore, Timing};
 
 #[derive(Default)]
 struct Memory {
     store: MemoryStore,
-    next: AtomicU64,
 }
 
 #[async_trait]
@@ -22,11 +21,7 @@ impl Harness for Memory {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {
@@ -77,28 +72,22 @@ impl leader_core::LeaseBackend for IgnoresConditions {
 }
 
 #[async_trait]
-impl leader_core::FencedStore for IgnoresConditions {
-    async fn fenced_write(
-        &self,
-        fence: &leader_core::Fence,
-        object: &leader_core::ObjectName,
-        value: &[u8],
-    ) -> Result<leader_core::FencedObject, Error> {
-        self.0.fenced_write(fence, object, value).await
-    }
-
-    async fn fenced_read(
+impl FencedCas for IgnoresConditions {
+    async fn get_fenced(
         &self,
         object: &leader_core::ObjectName,
     ) -> Result<Option<leader_core::FencedObject>, Error> {
-        self.0.fenced_read(object).await
+        self.0.get_fenced(object).await
+    }
+
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.0.put_fenced_if(put).await
     }
 }
 
 #[derive(Default)]
 struct Broken {
     store: Arc<IgnoresConditions>,
-    next: AtomicU64,
 }
 
 #[async_trait]
@@ -107,11 +96,7 @@ impl Harness for Broken {
         Ok(self.store.clone())
     }
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
     fn timing(&self) -> Timing {
         Timing::from_ttl(Duration::from_secs(10))

@@ -1,10 +1,7 @@
 //! The calls to DynamoDB: consistent reads, conditional `UpdateItem`s, fenced transactions.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,7 +16,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, ReturnValue, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem, Update,
 };
-use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, call_deadline};
+use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, Rng, call_deadline};
 use leader_core::{
     Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, LeaseRecord,
     ObjectName, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
@@ -40,12 +37,6 @@ const MINT_ATTEMPTS: u32 = 3;
 /// The update of every lease write: the whole record, so that the item is exactly the write.
 const LEASE_UPDATE: &str = "SET #holder = :holder, #rev = :rev, #token = :token, #ttl = :ttl, \
      #state = :state, #meta = :meta, #nonce = :nonce, #started = :started, #written = :written";
-
-/// A random `u64` without a dependency: `RandomState` is seeded randomly per process.
-fn random_u64() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A DynamoDB table of lease items and fenced objects. Build it with
 /// [`DynamoBuilder`](crate::DynamoBuilder).
@@ -525,7 +516,7 @@ impl DynamoStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(build)?;
-        let object_rev = format!("{:016x}", random_u64());
+        let object_rev = format!("{:016x}", Rng::from_entropy().next_u64());
         let mut attr_names = names(&[
             ("#fence", attr::FENCE),
             ("#value", attr::VALUE),

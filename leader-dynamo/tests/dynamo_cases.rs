@@ -12,10 +12,12 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use common::{Proxy, delete_lease, mark_of, moto_url, raw_client, raw_item, store_at, timing};
+use common::{delete_lease, mark_of, moto_url, proxy, raw_client, raw_item, store_at, timing};
+use integration_tests::proxy::{Canned, Fault, FaultProxy, Match, Rule};
 use leader_core::backend::within;
 use leader_core::{
     Acquisition, Elector, Error, ErrorKind, Expected, Fence, FencedStore, FencingToken, HolderId,
@@ -139,17 +141,17 @@ async fn ambiguous_renew_is_recognised_as_our_own_write() {
     let url = moto_url().await;
     let table = table();
     let direct = store_at(&url, &table).await;
-    let proxy = Proxy::start(&url).await;
-    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let proxy = proxy(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url(), &table).await);
     let key = LeaseKey::new("ambiguous").unwrap();
     let mut a = client(&through, &key, "a");
     let g1 = acquire(&mut a).await;
     let before = direct.read(&key).await.unwrap().unwrap();
 
     // The renew lands in the table, but its response never arrives.
-    proxy.drop_next("UpdateItem");
+    proxy.inject(Rule::new(Match::aws("UpdateItem"), Fault::LoseResponse));
     let renewal = a.renew().await.unwrap();
-    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
     let Renewal::Renewed(g2) = renewal else {
         panic!("the lost renew is ours and must count, got {renewal:?}");
     };
@@ -165,15 +167,21 @@ async fn ambiguous_renew_is_recognised_as_our_own_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_renews_are_retried_within_the_deadline() {
     let url = moto_url().await;
-    let proxy = Proxy::start(&url).await;
-    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table()).await);
+    let proxy = proxy(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url(), &table()).await);
     let key = LeaseKey::new("throttled").unwrap();
     let mut a = client(&through, &key, "a");
     let g1 = acquire(&mut a).await;
 
     // Two throttled attempts, then the write goes through, all within one request timeout.
-    proxy.reset_counts();
-    proxy.throttle_next("UpdateItem", 2);
+    proxy.reset_requests();
+    proxy.inject(
+        Rule::new(
+            Match::aws("UpdateItem"),
+            Fault::Answer(Canned::aws_throttling()),
+        )
+        .times(2),
+    );
     let started = Instant::now();
     let renewal = a.renew().await.unwrap();
     let took = started.elapsed();
@@ -182,21 +190,27 @@ async fn throttled_renews_are_retried_within_the_deadline() {
         "{renewal:?}"
     );
     assert!(took < timing().request_timeout, "took {took:?}");
-    assert_eq!(proxy.counts().get("UpdateItem"), Some(&3));
+    assert_eq!(proxy.requests().get("UpdateItem"), Some(&3));
 
     // Throttled for good: the call gives up inside the request timeout with a retryable
     // error, and the term is still valid until its deadline.
-    proxy.reset_counts();
-    proxy.throttle_next("UpdateItem", 1000);
+    proxy.reset_requests();
+    proxy.inject(
+        Rule::new(
+            Match::aws("UpdateItem"),
+            Fault::Answer(Canned::aws_throttling()),
+        )
+        .times(1000),
+    );
     let started = Instant::now();
     let err = a.renew().await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::Throttled, "{err}");
     assert!(err.is_retryable());
     assert!(took <= timing().request_timeout, "took {took:?}");
-    assert!(proxy.counts().get("UpdateItem").copied().unwrap_or(0) >= 2);
+    assert!(proxy.requests().get("UpdateItem").copied().unwrap_or(0) >= 2);
     assert!(a.grant().is_some(), "the term outlives a throttled renew");
-    proxy.throttle_next("UpdateItem", 0);
+    proxy.clear_rules();
     assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
 }
 
@@ -205,12 +219,15 @@ async fn lost_or_late_write_responses_are_indeterminate() {
     let url = moto_url().await;
     let table = table();
     let direct = store_at(&url, &table).await;
-    let proxy = Proxy::start(&url).await;
-    let through = store_at(&proxy.url, &table).await;
+    let proxy = proxy(&url).await;
+    let through = store_at(&proxy.url(), &table).await;
     let key = LeaseKey::new("lost").unwrap();
 
     // An acquire is one transaction (the lease item and the token mark).
-    proxy.drop_next("TransactWriteItems");
+    proxy.inject(Rule::new(
+        Match::aws("TransactWriteItems"),
+        Fault::LoseResponse,
+    ));
     let err = through
         .write(WriteRequest::new(
             key.clone(),
@@ -222,12 +239,15 @@ async fn lost_or_late_write_responses_are_indeterminate() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
-    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
     let stored = direct.read(&key).await.unwrap().unwrap();
     assert_eq!(stored.record.nonce, WriteNonce(0xa1), "it was applied");
 
     // A response that never comes: the call ends within the request timeout, indeterminate.
-    proxy.hang_next("UpdateItem");
+    proxy.inject(Rule::new(
+        Match::aws("UpdateItem"),
+        Fault::HoldResponse(Duration::from_secs(60)),
+    ));
     let started = Instant::now();
     let write = through.write(WriteRequest::new(
         key.clone(),
@@ -346,7 +366,7 @@ async fn request_counts_over_one_ttl() {
     let table = table();
     store_at(&url, &table).await;
     let key = LeaseKey::new("counted").unwrap();
-    let (pl, pf) = (Proxy::start(&url).await, Proxy::start(&url).await);
+    let (pl, pf) = (proxy(&url).await, proxy(&url).await);
     let elector = |proxy_url: String, who: &'static str| {
         let table = table.clone();
         let key = key.clone();
@@ -360,13 +380,13 @@ async fn request_counts_over_one_ttl() {
                 .spawn()
         }
     };
-    let leader = elector(pl.url.clone(), "leader").await;
+    let leader = elector(pl.url(), "leader").await;
     let term = tokio::time::timeout(Duration::from_secs(5), leader.wait_for_term())
         .await
         .unwrap()
         .unwrap();
     drop(term);
-    let follower = elector(pf.url.clone(), "follower").await;
+    let follower = elector(pf.url(), "follower").await;
     let mut rx = follower.leadership();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -376,13 +396,13 @@ async fn request_counts_over_one_ttl() {
     .unwrap()
     .unwrap();
 
-    pl.reset_counts();
-    pf.reset_counts();
+    pl.reset_requests();
+    pf.reset_requests();
     // Three ttls, reported per ttl, to smooth the follower's jittered polling.
     const TTLS: u64 = 3;
     let ttl = timing().ttl;
     tokio::time::sleep(ttl * TTLS as u32).await;
-    let (l, f) = (pl.counts(), pf.counts());
+    let (l, f) = (pl.requests(), pf.requests());
     let per_ttl = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
             .map(|(op, n)| format!("{op}: {:.1}", *n as f64 / TTLS as f64))
@@ -443,8 +463,8 @@ async fn lease_token(url: &str, table: &str, key: &LeaseKey) -> Option<u64> {
     }
 }
 
-fn ops(proxy: &Proxy) -> Vec<(String, u64)> {
-    proxy.counts().into_iter().collect()
+fn ops(proxy: &FaultProxy) -> Vec<(String, u64)> {
+    proxy.requests().into_iter().collect()
 }
 
 fn counted(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
@@ -460,8 +480,8 @@ async fn tokens_stay_above_every_earlier_one_across_deletions() {
     let url = moto_url().await;
     let table = table();
     store_at(&url, &table).await;
-    let proxy = Proxy::start(&url).await;
-    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let proxy = proxy(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url(), &table).await);
     let key = LeaseKey::new("deleted").unwrap();
     let mut issued: Vec<u64> = Vec::new();
     let check = |who: &str, token: FencingToken, issued: &mut Vec<u64>| {
@@ -475,7 +495,7 @@ async fn tokens_stay_above_every_earlier_one_across_deletions() {
 
     // A key's first term: one read, one transaction; the term's renew: one UpdateItem, and
     // the mark is not touched.
-    proxy.reset_counts();
+    proxy.reset_requests();
     let mut a = client(&through, &key, "a");
     let ga = acquire(&mut a).await;
     check("a", ga.token, &mut issued);
@@ -483,7 +503,7 @@ async fn tokens_stay_above_every_earlier_one_across_deletions() {
         ops(&proxy),
         counted(&[("GetItem", 1), ("TransactWriteItems", 1)])
     );
-    proxy.reset_counts();
+    proxy.reset_requests();
     assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
     assert_eq!(ops(&proxy), counted(&[("UpdateItem", 1)]));
     assert_eq!(mark_of(&url, &table, &key).await, Some(ga.token.get()));
@@ -491,7 +511,7 @@ async fn tokens_stay_above_every_earlier_one_across_deletions() {
     // Round 1: deleted mid-term; a candidate that never saw the key proposes token 1, and
     // the store mints above the mark instead (one more transaction).
     delete_lease(&url, &table, &key).await;
-    proxy.reset_counts();
+    proxy.reset_requests();
     let mut b = client(&through, &key, "b");
     let gb = acquire(&mut b).await;
     check("b", gb.token, &mut issued);
@@ -615,14 +635,14 @@ async fn a_lost_acquire_above_the_mark_is_recognised_with_its_token() {
     let g1 = acquire(&mut a).await;
     delete_lease(&url, &table, &key).await;
 
-    let proxy = Proxy::start(&url).await;
-    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url, &table).await);
+    let proxy = proxy(&url).await;
+    let through: Arc<dyn LeaseBackend> = Arc::new(store_at(&proxy.url(), &table).await);
     let mut b = client(&through, &key, "b");
     // The first transaction (token 1) is cancelled by the mark; the second one lands above
     // it, and its response is lost.
-    proxy.drop_after("TransactWriteItems", 1);
+    proxy.inject(Rule::new(Match::aws("TransactWriteItems"), Fault::LoseResponse).after(1));
     let g2 = acquire(&mut b).await;
-    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(proxy.counts().lost.load(Ordering::Relaxed), 1);
     assert!(g2.token > g1.token, "{} after {}", g2.token, g1.token);
     let stored = direct.read(&key).await.unwrap().unwrap();
     assert_eq!(stored.record.holder, *b.holder());

@@ -1,19 +1,16 @@
-//! Shared test helpers: the moto harness and a fault-injecting, request-counting TCP proxy.
+//! Shared test helpers: the moto harness and the fault proxy in front of moto.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
+use integration_tests::proxy::FaultProxy;
 use integration_tests::{Emulator, require};
-use leader_core::conformance::{ConformantStore, Harness};
+use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, LeaseKey, Timing};
 use leader_dynamo::{DynamoBuilder, DynamoStore, LEASE_PREFIX, MARK_PREFIX};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OnceCell;
 
 /// A short timing that the serialized moto server meets even when ten cases run at once on
@@ -96,14 +93,12 @@ pub(crate) async fn mark_of(url: &str, table: &str, key: &LeaseKey) -> Option<u6
 pub(crate) struct Moto {
     table: String,
     url: OnceCell<String>,
-    next: AtomicU64,
 }
 
 pub(crate) fn moto() -> Moto {
     Moto {
         table: integration_tests::unique_name("leases"),
         url: OnceCell::new(),
-        next: AtomicU64::new(0),
     }
 }
 
@@ -121,11 +116,7 @@ impl Harness for Moto {
     }
 
     fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        unique_key("case").unwrap()
     }
 
     fn timing(&self) -> Timing {
@@ -169,189 +160,8 @@ impl Harness for Moto {
     }
 }
 
-/// A TCP proxy in front of the emulator that counts requests per DynamoDB operation and can
-/// drop the response of the next request of one operation (after the emulator applied it).
-pub(crate) struct Proxy {
-    pub(crate) url: String,
-    shared: Arc<Shared>,
-}
-
-#[derive(Default)]
-struct Shared {
-    counts: Mutex<BTreeMap<String, u64>>,
-    /// (operation, hang instead of dropping at once, requests of it to let through first)
-    drop_next: Mutex<Option<(String, bool, u64)>>,
-    dropped: AtomicU64,
-    throttle: Mutex<Option<(String, u64)>>,
-}
-
-impl Proxy {
-    pub(crate) async fn start(upstream: &str) -> Proxy {
-        let upstream = upstream
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_owned();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shared = Arc::new(Shared::default());
-        let s = shared.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let (s, upstream) = (s.clone(), upstream.clone());
-                tokio::spawn(async move {
-                    let _ = serve(conn, &upstream, &s).await;
-                });
-            }
-        });
-        Proxy { url, shared }
-    }
-
-    /// Drop the response to the next request of `operation` (e.g. `UpdateItem`).
-    pub(crate) fn drop_next(&self, operation: &str) {
-        self.drop_after(operation, 0);
-    }
-
-    /// Drop the response to the request of `operation` that follows the next `skip` ones.
-    pub(crate) fn drop_after(&self, operation: &str, skip: u64) {
-        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), false, skip));
-    }
-
-    /// Hold the response to the next request of `operation` for a minute (the client times
-    /// out), after the emulator applied it.
-    pub(crate) fn hang_next(&self, operation: &str) {
-        *self.shared.drop_next.lock().unwrap() = Some((operation.to_owned(), true, 0));
-    }
-
-    /// Answer the next `times` requests of `operation` with a `ThrottlingException`, without
-    /// forwarding them.
-    pub(crate) fn throttle_next(&self, operation: &str, times: u64) {
-        *self.shared.throttle.lock().unwrap() = Some((operation.to_owned(), times));
-    }
-
-    pub(crate) fn dropped(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn counts(&self) -> BTreeMap<String, u64> {
-        self.shared.counts.lock().unwrap().clone()
-    }
-
-    pub(crate) fn reset_counts(&self) {
-        self.shared.counts.lock().unwrap().clear();
-    }
-}
-
-struct Message {
-    bytes: Vec<u8>,
-    head: String,
-}
-
-impl Message {
-    fn header(&self, name: &str) -> Option<String> {
-        self.head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_owned())
-        })
-    }
-}
-
-async fn read_message<R: AsyncBufReadExt + Unpin>(r: &mut R) -> std::io::Result<Option<Message>> {
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).await? == 0 {
-            return Ok(None);
-        }
-        let end = line == "\r\n";
-        head.push_str(&line);
-        if end {
-            break;
-        }
-    }
-    let mut msg = Message {
-        bytes: head.clone().into_bytes(),
-        head,
-    };
-    match msg.header("content-length") {
-        Some(n) => {
-            let mut body = vec![0; n.parse().unwrap()];
-            r.read_exact(&mut body).await?;
-            msg.bytes.extend(body);
-        }
-        None if msg.head.starts_with("HTTP/") => {
-            r.read_to_end(&mut msg.bytes).await?;
-        }
-        None => {}
-    }
-    Ok(Some(msg))
-}
-
-async fn serve(conn: TcpStream, upstream: &str, shared: &Shared) -> std::io::Result<()> {
-    let mut client = BufReader::new(conn);
-    loop {
-        let Some(request) = read_message(&mut client).await? else {
-            return Ok(());
-        };
-        let op = request
-            .header("x-amz-target")
-            .and_then(|t| t.split('.').nth(1).map(str::to_owned))
-            .unwrap_or_else(|| "other".to_owned());
-        *shared.counts.lock().unwrap().entry(op.clone()).or_default() += 1;
-        let throttled = {
-            let mut t = shared.throttle.lock().unwrap();
-            match t.as_mut() {
-                Some((o, n)) if *o == op && *n > 0 => {
-                    *n -= 1;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if throttled {
-            let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate of requests exceeds the allowed throughput."}"#;
-            let response = format!(
-                "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            client.get_mut().write_all(response.as_bytes()).await?;
-            return Ok(());
-        }
-        let mut up = BufReader::new(TcpStream::connect(upstream).await?);
-        up.get_mut().write_all(&request.bytes).await?;
-        let Some(response) = read_message(&mut up).await? else {
-            return Ok(());
-        };
-        let drop_it = {
-            let mut d = shared.drop_next.lock().unwrap();
-            match d.take() {
-                Some((o, hang, 0)) if o == op => Some(hang),
-                Some((o, hang, skip)) if o == op => {
-                    *d = Some((o, hang, skip - 1));
-                    None
-                }
-                other => {
-                    *d = other;
-                    None
-                }
-            }
-        };
-        if let Some(hang) = drop_it {
-            if hang {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-            }
-            // The emulator applied the request; the client never hears of it.
-            shared.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        client.get_mut().write_all(&response.bytes).await?;
-        if response
-            .header("connection")
-            .is_some_and(|c| c.eq_ignore_ascii_case("close"))
-        {
-            return Ok(());
-        }
-    }
+/// The suite's fault proxy in front of the emulator at `url`: it counts requests per DynamoDB
+/// operation ([`FaultProxy::requests`]) and injects planned faults.
+pub(crate) async fn proxy(url: &str) -> FaultProxy {
+    FaultProxy::in_front_of(url, 1).await.unwrap()
 }

@@ -1,16 +1,12 @@
-//! Shared helpers of the emulator tests: a bucket per harness, the test timing, a lossy proxy.
+//! Shared helpers of the emulator tests: a bucket per harness, the test timing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)] // test code
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use integration_tests::gcs::GcsClient;
 use integration_tests::{Emulator, require, unique_name};
 use leader_core::{LeaseKey, Timing};
 use leader_gcs::GcsStore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OnceCell;
 
 /// The store's request timeout in the tests (and the elector's).
@@ -32,7 +28,6 @@ pub(crate) fn timing() -> Timing {
 pub(crate) struct Bucket {
     pub(crate) name: String,
     endpoint: OnceCell<String>,
-    next: AtomicU64,
 }
 
 impl Bucket {
@@ -40,7 +35,6 @@ impl Bucket {
         Self {
             name: unique_name("leader-gcs"),
             endpoint: OnceCell::new(),
-            next: AtomicU64::new(0),
         }
     }
 
@@ -79,11 +73,7 @@ impl Bucket {
     }
 
     pub(crate) fn unique_key(&self) -> LeaseKey {
-        LeaseKey::new(format!(
-            "case-{}",
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ))
-        .unwrap()
+        leader_core::conformance::unique_key("case").unwrap()
     }
 
     /// Deletes an object with the JSON API, as an operator would.
@@ -110,78 +100,4 @@ impl Bucket {
             response.status()
         );
     }
-}
-
-/// A TCP proxy in front of the emulator that can lose the response of the next upload: the
-/// request reaches the emulator (and is applied), the connection is closed before the answer.
-pub(crate) struct LossyProxy {
-    pub(crate) url: String,
-    arm: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl LossyProxy {
-    pub(crate) async fn start(upstream: &str) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let upstream = upstream.trim_start_matches("http://").to_owned();
-        let arm = Arc::new(AtomicBool::new(false));
-        let dropped = Arc::new(AtomicUsize::new(0));
-        let (a, d) = (arm.clone(), dropped.clone());
-        tokio::spawn(async move {
-            loop {
-                let (client, _) = listener.accept().await.unwrap();
-                tokio::spawn(relay(client, upstream.clone(), a.clone(), d.clone()));
-            }
-        });
-        Self { url, arm, dropped }
-    }
-
-    /// Loses the response of the next upload.
-    pub(crate) fn lose_next_upload_response(&self) {
-        self.arm.store(true, Ordering::SeqCst);
-    }
-
-    /// How many responses were lost so far.
-    pub(crate) fn lost(&self) -> usize {
-        self.dropped.load(Ordering::SeqCst)
-    }
-}
-
-async fn relay(client: TcpStream, upstream: String, arm: Arc<AtomicBool>, lost: Arc<AtomicUsize>) {
-    let server = TcpStream::connect(&upstream).await.unwrap();
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let swallow = Arc::new(AtomicBool::new(false));
-    let swallow_up = swallow.clone();
-    let up = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match client_read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if buf[..n].starts_with(b"POST /upload") && arm.swap(false, Ordering::SeqCst) {
-                swallow_up.store(true, Ordering::SeqCst);
-            }
-            if server_write.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match server_read.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if swallow.load(Ordering::SeqCst) {
-            lost.fetch_add(1, Ordering::SeqCst);
-            break;
-        }
-        if client_write.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    up.abort();
 }
