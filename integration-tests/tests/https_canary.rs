@@ -90,8 +90,8 @@ async fn azure_canary_over_https() {
         .with_container(unique_name("https"))
         .with_create_container_if_missing(true)
         .build()
+        .await
         .unwrap();
-    store.ensure_container().await.unwrap();
     canary(Arc::new(store)).await;
 }
 

@@ -252,20 +252,43 @@ impl AzureLeaseStoreBuilder {
         self
     }
 
-    /// Creates the container when [`AzureLeaseStore::ensure_container`] finds it missing
-    /// (off by default: a missing container is an error).
+    /// Creates the container when [`build`](Self::build) finds it missing (off by default:
+    /// a missing container is an error).
     pub fn with_create_container_if_missing(mut self, create: bool) -> Self {
         self.create_container = create;
         self
     }
 
-    /// Validates the configuration and builds the store. No request is made; call
-    /// [`AzureLeaseStore::ensure_container`] to check the container at startup.
+    /// Validates the configuration, builds the store and checks the container (one `Get
+    /// Container Properties`, within the call's time: [`leader_core::backend::within`], else
+    /// [`leader_core::backend::DEFAULT_BUDGET`]), creating it only if
+    /// [asked](Self::with_create_container_if_missing).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a missing or malformed setting, saying which;
-    /// [`Error::Unauthenticated`] if an Entra ID credential cannot be set up.
-    pub fn build(self) -> Result<AzureLeaseStore, Error> {
+    /// [`Error::Unauthenticated`] if an Entra ID credential cannot be set up or is refused;
+    /// [`Error::NotFound`] naming a missing container; [`Error::PermissionDenied`] if the
+    /// credentials may not read it; [`Error::Timeout`] if the service does not answer in time.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: at most the container is created, which a later call sees.
+    pub async fn build(self) -> Result<AzureLeaseStore, Error> {
+        let store = self.assemble()?;
+        store.ensure_container().await?;
+        Ok(store)
+    }
+
+    /// Validates the configuration and builds the store without a request (tests that point
+    /// the store at a server that never answers).
+    ///
+    /// # Errors
+    /// As [`build`](Self::build), less the container check.
+    #[cfg(feature = "test-util")]
+    pub fn build_unchecked(self) -> Result<AzureLeaseStore, Error> {
+        self.assemble()
+    }
+
+    fn assemble(self) -> Result<AzureLeaseStore, Error> {
         let container = self.container.ok_or_else(|| {
             AzureError::Config(
                 "no container: call with_container or set AZURE_STORAGE_CONTAINER".to_owned(),
@@ -477,7 +500,7 @@ mod tests {
         ]))
         .unwrap();
         assert!(matches!(b.credential, Some(Credential::AccessKey(_))));
-        assert!(b.build().is_ok());
+        assert!(b.assemble().is_ok());
     }
 
     #[test]
@@ -486,7 +509,7 @@ mod tests {
             AzureLeaseStoreBuilder::new().with_emulator("http://127.0.0.1:1/devstoreaccount1");
         assert!(
             no_container
-                .build()
+                .assemble()
                 .unwrap_err()
                 .to_string()
                 .contains("no container")
@@ -495,7 +518,7 @@ mod tests {
             .with_emulator("http://127.0.0.1:1/devstoreaccount1")
             .with_container("Bad_Name");
         assert!(
-            bad.build()
+            bad.assemble()
                 .unwrap_err()
                 .to_string()
                 .contains("invalid container name")
@@ -506,7 +529,7 @@ mod tests {
             .with_managed_identity(None);
         assert!(
             http_identity
-                .build()
+                .assemble()
                 .unwrap_err()
                 .to_string()
                 .contains("https")
@@ -517,7 +540,7 @@ mod tests {
             .with_access_key(EMULATOR_KEY);
         assert!(
             no_account
-                .build()
+                .assemble()
                 .unwrap_err()
                 .to_string()
                 .contains("account name")
@@ -526,7 +549,7 @@ mod tests {
             AzureLeaseStoreBuilder::new()
                 .with_container("leases")
                 .with_access_key(EMULATOR_KEY)
-                .build()
+                .assemble()
                 .is_err()
         );
     }

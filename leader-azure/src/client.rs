@@ -193,7 +193,7 @@ impl AzureLeaseStore {
     ///
     /// # Cancel safety
     /// Cancel-safe: at most the container is created, which a later call sees.
-    pub async fn ensure_container(&self) -> Result<(), Error> {
+    pub(crate) async fn ensure_container(&self) -> Result<(), Error> {
         let check = || async {
             match self.container.get_properties(None).await {
                 Ok(_) => Ok(()),

@@ -25,8 +25,8 @@
 //!     .with_account("mystorageaccount")
 //!     .with_container("leases")
 //!     .with_managed_identity(None) // the system-assigned identity
-//!     .build()?;
-//! store.ensure_container().await?; // fail fast if the container is missing
+//!     .build() // checks the container: a missing one fails here
+//!     .await?;
 //!
 //! let elector = Elector::builder(Arc::new(store), LeaseKey::new("scheduler")?)
 //!     .ttl(Duration::from_secs(15)) // Azure leases last 15 to 60 s

@@ -286,9 +286,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             b = b
                 .with_container(container.clone())
                 .with_create_container_if_missing(options.create_if_missing);
-            let store = b.build()?;
-            store.ensure_container().await?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(b.build().await?))
         }
         #[cfg(feature = "dynamo")]
         StoreUrl::Dynamo { table, .. } => {
