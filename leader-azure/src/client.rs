@@ -35,10 +35,12 @@ use azure_storage_blob::models::{
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
 use leader_core::backend::{Call, FencedCas, FencedPut, ObjectWrite, call_budget, call_deadline};
+use leader_core::backend::{
+    Expected, ExpiryModel, LeaseRecord, LeaseState, Revision, Stored, TermId, WriteKind,
+    WriteNonce, WriteOutcome, WriteRequest,
+};
 use leader_core::{
-    ConfigError, Error, Expected, ExpiryModel, FencedObject, FencingToken, LeaseBackend, LeaseKey,
-    LeaseRecord, LeaseState, ObjectName, Revision, Stored, TermId, Timing, WriteKind, WriteNonce,
-    WriteOutcome, WriteRequest,
+    ConfigError, Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName, Timing,
 };
 use tokio::time::Instant;
 use tracing::{debug, info, warn};

@@ -16,11 +16,14 @@ use integration_tests::proxy::{FaultProxy, ProxyFaults};
 use integration_tests::{Emulator, require, unique_name};
 use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
 use leader_core::backend::within;
+use leader_core::backend::{
+    Expected, ExpiryModel, LeaseRecord, Stored, TermId, WriteKind, WriteNonce, WriteOutcome,
+    WriteRequest,
+};
 use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{
-    Acquisition, ConfigError, Error, ErrorKind, Expected, ExpiryModel, FencingToken, HolderId,
-    LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, Renewal, Stored, TermId, Timing,
-    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    Acquisition, ConfigError, Error, ErrorKind, FencingToken, HolderId, LeaseBackend, LeaseClient,
+    LeaseKey, Metadata, Renewal, Timing,
 };
 use tokio::time::Instant;
 
@@ -621,7 +624,7 @@ async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) 
 }
 
 /// a's acquire of `key` (term 0xa, token 2) over the released record at `revision`.
-fn acquire_as_a(key: &LeaseKey, revision: leader_core::Revision) -> WriteRequest {
+fn acquire_as_a(key: &LeaseKey, revision: leader_core::backend::Revision) -> WriteRequest {
     WriteRequest::new(
         key.clone(),
         Expected::Revision(revision),
@@ -633,7 +636,7 @@ fn acquire_as_a(key: &LeaseKey, revision: leader_core::Revision) -> WriteRequest
 
 /// A key whose blob exists with a released record, so that an acquire starts with the lease
 /// call; returns its revision.
-async fn released_blob(store: &AzureLeaseStore, key: &LeaseKey) -> leader_core::Revision {
+async fn released_blob(store: &AzureLeaseStore, key: &LeaseKey) -> leader_core::backend::Revision {
     let mut c = client(store, key, "setup");
     acquired(&mut c).await;
     assert!(c.release().await.unwrap());

@@ -10,7 +10,8 @@ pub use crate::call::{
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
-use crate::model::{FencingToken, HolderId, LeaseKey, LeaseRecord, ObjectName, Revision, TermId};
+use crate::model::{FencingToken, HolderId, LeaseKey, ObjectName};
+pub use crate::model::{LeaseRecord, LeaseState, RecordParts, Revision, TermId, WriteNonce};
 pub use crate::rand::Rng;
 
 /// A record as stored, with the revision the store gave it.
@@ -133,7 +134,7 @@ pub enum ExpiryModel {
 ///    changes on every applied write and is never reused for another content of the same key
 ///    (so a stale revision cannot match by accident). Revisions are compared only for
 ///    equality. A store that enforces expiry ([`ExpiryModel::EnforcedByStore`]) may report a
-///    record whose server-side lease is not active as [`LeaseState::Released`](crate::LeaseState::Released), with a
+///    record whose server-side lease is not active as [`LeaseState::Released`], with a
 ///    revision different from the one it had while the lease was active (so followers and
 ///    `status` do not show a dead leader).
 /// 6. **Keep tokens increasing.** The core proposes `previous token + 1` (or 1 for a record it
@@ -184,7 +185,7 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
     /// A store whose leases followers time ([`ExpiryModel::ObservedByFollowers`]) returns
     /// what [`read`](Self::read) returns; that is the default. A store that enforces expiry
     /// ([`ExpiryModel::EnforcedByStore`]) must report the record as
-    /// [`LeaseState::Released`](crate::LeaseState::Released) unless, at the instant of the
+    /// [`LeaseState::Released`] unless, at the instant of the
     /// read, its server lease is active *and granted to `term`* (the lease id of the term's
     /// acquire): a record can still carry our nonce after an operator broke our lease, or
     /// while another candidate holds the new lease and has not yet written its record. The

@@ -10,7 +10,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// An error from a lease store or from the lease logic on top of it.
 ///
 /// A conflicting conditional write is not an error: backends report it as
-/// [`WriteOutcome::Conflict`](crate::WriteOutcome::Conflict).
+/// [`WriteOutcome::Conflict`](crate::backend::WriteOutcome::Conflict).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -16,6 +16,10 @@
 //! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`].
 //! - [`FencedStore`] and [`FenceGate`]: the resource side of fencing.
 //!
+//! The root holds what users of an election need. What a backend author implements and uses
+//! (the stored record and its revision, conditional writes, [`backend::FencedCas`] under
+//! fenced writes, the one retry loop [`backend::Call`]) is in [`backend`].
+//!
 //! # Example
 //!
 //! Campaign, get the token, do fenced work, step down (on the in-memory store):
@@ -70,10 +74,7 @@ pub mod simulation;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-pub use backend::{
-    Expected, ExpiryModel, Fence, FencedObject, FencedStore, LeaseBackend, Stored, WriteKind,
-    WriteOutcome, WriteRequest,
-};
+pub use backend::{Fence, FencedObject, FencedStore, LeaseBackend};
 pub use config::Timing;
 pub use elector::{
     Elector, ElectorBuilder, ElectorHandle, ElectorTask, Leadership, Problem, Stopped, Term,
@@ -84,9 +85,8 @@ pub use file::{FileStore, FileStoreBuilder};
 pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 pub use memory::MemoryStore;
 pub use model::{
-    FencingToken, HolderId, LeaseKey, LeaseRecord, LeaseState, MAX_HOLDER_LEN, MAX_METADATA_BYTES,
-    MAX_NAME_LEN, Metadata, ObjectName, RecordParts, Revision, TermId, WriteNonce,
-    validate_metadata, wall_clock_unix_ms,
+    FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, Metadata,
+    ObjectName, validate_metadata, wall_clock_unix_ms,
 };
 
 /// The repository README's Rust examples, compiled and run as doctests.

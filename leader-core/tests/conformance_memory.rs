@@ -55,17 +55,17 @@ struct IgnoresConditions(MemoryStore);
 
 #[async_trait]
 impl leader_core::LeaseBackend for IgnoresConditions {
-    async fn read(&self, key: &LeaseKey) -> Result<Option<leader_core::Stored>, Error> {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<leader_core::backend::Stored>, Error> {
         self.0.read(key).await
     }
 
     async fn write(
         &self,
-        mut request: leader_core::WriteRequest,
-    ) -> Result<leader_core::WriteOutcome, Error> {
+        mut request: leader_core::backend::WriteRequest,
+    ) -> Result<leader_core::backend::WriteOutcome, Error> {
         request.expected = match self.0.read(&request.key).await? {
-            Some(s) => leader_core::Expected::Revision(s.revision),
-            None => leader_core::Expected::Absent,
+            Some(s) => leader_core::backend::Expected::Revision(s.revision),
+            None => leader_core::backend::Expected::Absent,
         };
         self.0.write(request).await
     }

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leader_core::backend::{
+    Expected, LeaseRecord, Stored, WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+};
 use leader_core::simulation::{FaultControl, Faults, FaultyStore};
 use leader_core::{
-    ConfigError, Elector, ElectorHandle, Error, ErrorKind, Expected, FencingToken, HolderId,
-    Leadership, LeaseBackend, LeaseKey, LeaseRecord, MemoryStore, Metadata, Stored, WriteKind,
-    WriteNonce, WriteOutcome, WriteRequest,
+    ConfigError, Elector, ElectorHandle, Error, ErrorKind, FencingToken, HolderId, Leadership,
+    LeaseBackend, LeaseKey, MemoryStore, Metadata,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -204,7 +206,7 @@ async fn a_conflict_on_renew_ends_the_term_at_once() {
             Expected::Revision(current.revision),
             intruder,
             WriteKind::Acquire,
-            leader_core::TermId(1),
+            leader_core::backend::TermId(1),
         ))
         .await
         .unwrap();

@@ -11,10 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leader_core::backend::{
+    Expected, ExpiryModel, LeaseState, Revision, Stored, TermId, WriteKind, WriteOutcome,
+    WriteRequest,
+};
 use leader_core::{
-    Acquisition, Error, Expected, ExpiryModel, FencingToken, HolderId, LeaseBackend, LeaseClient,
-    LeaseKey, LeaseState, MemoryStore, Renewal, Revision, Stored, TermId, Timing, WriteKind,
-    WriteOutcome, WriteRequest,
+    Acquisition, Error, FencingToken, HolderId, LeaseBackend, LeaseClient, LeaseKey, MemoryStore,
+    Renewal, Timing,
 };
 use tokio::time::Instant;
 

@@ -17,10 +17,10 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, Rng, call_deadline};
-use leader_core::{
-    Error, Expected, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, LeaseRecord,
-    ObjectName, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
+use leader_core::backend::{
+    Expected, LeaseRecord, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
+use leader_core::{Error, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName};
 use tokio::time::Instant;
 use tracing::{debug, info};
 

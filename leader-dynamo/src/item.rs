@@ -5,10 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use leader_core::{
-    Error, FencedObject, FencingToken, HolderId, LeaseRecord, LeaseState, Metadata, RecordParts,
-    Revision, Stored, WriteNonce,
-};
+use leader_core::backend::{LeaseRecord, LeaseState, RecordParts, Revision, Stored, WriteNonce};
+use leader_core::{Error, FencedObject, FencingToken, HolderId, Metadata};
 
 /// Prefix of the partition key of a lease item: `lease#<key>`.
 pub const LEASE_PREFIX: &str = "lease#";

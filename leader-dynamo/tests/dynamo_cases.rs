@@ -19,10 +19,12 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use common::{delete_lease, mark_of, moto_url, proxy, raw_client, raw_item, store_at, timing};
 use integration_tests::proxy::{Canned, Fault, FaultProxy, Match, Rule};
 use leader_core::backend::within;
+use leader_core::backend::{
+    Expected, LeaseRecord, TermId, WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+};
 use leader_core::{
-    Acquisition, Elector, Error, ErrorKind, Expected, Fence, FencedStore, FencingToken, HolderId,
-    LeaseBackend, LeaseClient, LeaseKey, LeaseRecord, Metadata, ObjectName, Renewal, TermId,
-    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    Acquisition, Elector, Error, ErrorKind, Fence, FencedStore, FencingToken, HolderId,
+    LeaseBackend, LeaseClient, LeaseKey, Metadata, ObjectName, Renewal,
 };
 use leader_dynamo::{DynamoBuilder, LEASE_PREFIX, MARK_PREFIX};
 use tokio::time::Instant;

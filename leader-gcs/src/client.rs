@@ -12,10 +12,12 @@ use google_cloud_storage::stub::{DefaultStorage, Storage as Stub};
 use leader_core::backend::{
     Backoff, Call, FencedCas, FencedPut, ObjectWrite, decode_fenced, encode_fenced,
 };
-use leader_core::{
-    ConfigError, Error, Expected, FencedObject, FencingToken, LeaseBackend, LeaseKey, LeaseRecord,
-    LeaseState, ObjectName, Revision, Stored, Timing, WriteKind, WriteNonce, WriteOutcome,
+use leader_core::backend::{
+    Expected, LeaseRecord, LeaseState, Revision, Stored, WriteKind, WriteNonce, WriteOutcome,
     WriteRequest,
+};
+use leader_core::{
+    ConfigError, Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName, Timing,
 };
 
 use crate::builder::GcsBuilder;

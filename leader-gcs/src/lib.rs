@@ -49,7 +49,7 @@
 //! # How the store works
 //!
 //! - **Records.** The lease of key `k` is the object `<prefix>k` (default prefix
-//!   `leader-lease/`), its body the record's JSON ([`LeaseRecord::to_json`](leader_core::LeaseRecord)),
+//!   `leader-lease/`), its body the record's JSON ([`LeaseRecord::to_json`](leader_core::backend::LeaseRecord)),
 //!   its generation the revision. Writes are multipart uploads (`Storage::write_object`) with
 //!   `ifGenerationMatch`: 0 to create, the observed generation to take over, renew or release
 //!   (a release is an overwrite that marks the record released, not a delete). HTTP 412 is a

@@ -11,9 +11,10 @@ use std::time::Duration;
 use google_cloud_auth::credentials::mds;
 use integration_tests::proxy::{Fault, FaultProxy, Match, Rule};
 use leader_core::backend::within;
+use leader_core::backend::{Expected, TermId, WriteKind, WriteNonce, WriteRequest};
 use leader_core::{
-    Acquisition, ConfigError, Error, ErrorKind, Expected, HolderId, LeaseBackend, LeaseClient,
-    Renewal, TermId, Timing, WriteKind, WriteNonce, WriteRequest,
+    Acquisition, ConfigError, Error, ErrorKind, HolderId, LeaseBackend, LeaseClient, Renewal,
+    Timing,
 };
 use leader_gcs::GcsStore;
 use support::Bucket;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use crate::ExpiryModel;
+use crate::backend::ExpiryModel;
 use crate::backend::{
     FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteOutcome,
     WriteRequest,

@@ -49,6 +49,8 @@ pub use faults::{FaultControl, Faults, FaultyStore, Late};
 use candidate::*;
 use world::*;
 
+use crate::FencingToken;
+use crate::backend::ExpiryModel;
 use crate::backend::{
     Expected, FencedCas, FencedObject, FencedPut, FencedStore, LeaseBackend, ObjectWrite, Stored,
     WriteKind, WriteOutcome, WriteRequest,
@@ -59,7 +61,6 @@ use crate::error::{ConfigError, Error};
 use crate::memory::MemoryStore;
 use crate::model::{HolderId, LeaseKey, ObjectName};
 use crate::rand::Rng;
-use crate::{ExpiryModel, FencingToken};
 
 /// A deliberate bug, to show that the checkers catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
