@@ -12,6 +12,7 @@ use azure_identity::{
 };
 use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
 use leader_core::Error;
+use leader_core::backend::check_prefix;
 
 use crate::auth::SharedKeyPolicy;
 use crate::client::AzureLeaseStore;
@@ -67,6 +68,7 @@ pub struct AzureLeaseStoreBuilder {
     account: Option<String>,
     endpoint: Option<String>,
     container: Option<String>,
+    prefix: String,
     credential: Option<Credential>,
     create_container: bool,
 }
@@ -84,6 +86,7 @@ impl AzureLeaseStoreBuilder {
             account: None,
             endpoint: None,
             container: None,
+            prefix: String::new(),
             credential: None,
             create_container: false,
         }
@@ -168,6 +171,7 @@ impl AzureLeaseStoreBuilder {
                 "UseDevelopmentStorage" if value.trim().eq_ignore_ascii_case("true") => {
                     self = Self {
                         container: self.container,
+                        prefix: self.prefix,
                         create_container: self.create_container,
                         ..Self::new().with_emulator(EMULATOR_ENDPOINT)
                     };
@@ -212,6 +216,14 @@ impl AzureLeaseStoreBuilder {
     /// The container that holds the lease blobs (3-63 lowercase letters, digits and `-`).
     pub fn with_container(mut self, container: impl Into<String>) -> Self {
         self.container = Some(container.into());
+        self
+    }
+
+    /// Puts every blob name after `prefix`, such as a folder `prod/leases/` (default: none).
+    /// The lease of key `k` is then the blob `prod/leases/k`, its token high-water mark
+    /// `prod/leases/.k.token`, a protected object `name` `prod/leases/.name.fenced`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
         self
     }
 
@@ -295,6 +307,7 @@ impl AzureLeaseStoreBuilder {
             )
         })?;
         check_container_name(&container)?;
+        check_prefix(&self.prefix).map_err(|e| AzureError::Config(e.to_string()))?;
         let endpoint = match (&self.endpoint, &self.account) {
             (Some(e), _) => e.trim().trim_end_matches('/').to_owned(),
             (None, Some(account)) => format!("https://{account}.blob.core.windows.net"),
@@ -362,6 +375,7 @@ impl AzureLeaseStoreBuilder {
         Ok(AzureLeaseStore::new(
             client,
             container,
+            self.prefix,
             self.create_container,
         ))
     }

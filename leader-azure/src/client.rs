@@ -1,8 +1,9 @@
 //! The calls to Azure Blob Storage: one blob per lease key, leased by the holder.
 //!
-//! Blob names in the container (lease keys and object names never contain `/`, so these
-//! prefixes cannot collide):
-//! - `lease.{key}`: the lease record as JSON ([`LeaseRecord::to_json`]), with the token,
+//! Blob names in the container, after the store's prefix (none by default, or a folder such as
+//! `prod/leases/`; lease keys and object names never start with `.`, so these cannot
+//! collide):
+//! - `{key}`: the lease record as JSON ([`LeaseRecord::to_json`]), with the token,
 //!   holder and state mirrored in its metadata (`leadertoken`, `leaderholder`, `leaderstate`)
 //!   for people looking in the portal.
 //!
@@ -14,9 +15,9 @@
 //! one of its writes re-reads with its lease id ([`LeaseBackend::read_for_term`]), which the
 //! service answers only while that lease is active, so it never takes back a term whose lease
 //! was broken or passed to another candidate in between.
-//! - `token.{key}`: the highest token ever granted for the key, so that a term that starts on
+//! - `.{key}.token`: the highest token ever granted for the key, so that a term that starts on
 //!   a recreated lease blob (an operator deleted it) still gets a higher token.
-//! - `fenced.{name}`: a protected object; its fence is in the `leaderfence` metadata.
+//! - `.{name}.fenced`: a protected object; its fence is in the `leaderfence` metadata.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -93,6 +94,8 @@ fn etag_of(revision: &Revision) -> &str {
 pub struct AzureLeaseStore {
     container: Arc<BlobContainerClient>,
     container_name: String,
+    /// Put before every blob name (a folder such as `prod/leases/`, or nothing).
+    prefix: String,
     create_container: bool,
 }
 
@@ -150,11 +153,13 @@ impl AzureLeaseStore {
     pub(crate) fn new(
         container: BlobContainerClient,
         container_name: String,
+        prefix: String,
         create_container: bool,
     ) -> Self {
         Self {
             container: Arc::new(container),
             container_name,
+            prefix,
             create_container,
         }
     }
@@ -164,19 +169,20 @@ impl AzureLeaseStore {
         &self.container_name
     }
 
-    /// The name of the blob that holds the lease of `key`.
-    pub fn lease_blob_name(key: &LeaseKey) -> String {
-        format!("lease.{key}")
+    /// The name of the blob that holds the lease of `key`: `<prefix><key>`.
+    pub fn lease_blob_name(&self, key: &LeaseKey) -> String {
+        lease_blob(&self.prefix, key)
     }
 
-    /// The name of the blob that keeps the highest token granted for `key`.
-    pub fn token_blob_name(key: &LeaseKey) -> String {
-        format!("token.{key}")
+    /// The name of the blob that keeps the highest token granted for `key`:
+    /// `<prefix>.<key>.token`.
+    pub fn token_blob_name(&self, key: &LeaseKey) -> String {
+        token_blob(&self.prefix, key)
     }
 
-    /// The name of the blob of a protected object.
-    pub fn object_blob_name(object: &ObjectName) -> String {
-        format!("fenced.{object}")
+    /// The name of the blob of a protected object: `<prefix>.<name>.fenced`.
+    pub fn object_blob_name(&self, object: &ObjectName) -> String {
+        object_blob(&self.prefix, object)
     }
 
     /// An SDK client for a blob of this container, with this store's credentials and limits:
@@ -299,7 +305,7 @@ impl AzureLeaseStore {
         key: &LeaseKey,
         proposed: FencingToken,
     ) -> Result<FencingToken, Error> {
-        let name = Self::token_blob_name(key);
+        let name = self.token_blob_name(key);
         let blob = self.container.blob_client(&name);
         for _ in 0..CAS_ATTEMPTS {
             let current = self
@@ -378,7 +384,7 @@ impl AzureLeaseStore {
         };
         let mut pending = PendingLease {
             container: self.container.clone(),
-            blob_name: Self::lease_blob_name(&req.key),
+            blob_name: self.lease_blob_name(&req.key),
             lease_id,
             etag: base,
             timeout: call_budget(),
@@ -778,7 +784,7 @@ impl LeaseBackend for AzureLeaseStore {
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        let blob = &self.container.blob_client(&Self::lease_blob_name(key));
+        let blob = &self.container.blob_client(&self.lease_blob_name(key));
         let work = move || async move {
             let fetched = self
                 .fetch(blob)
@@ -800,7 +806,7 @@ impl LeaseBackend for AzureLeaseStore {
     /// are checked in one request. If the lease is another's, broken, breaking, expired or
     /// released, the record is read again without the id and reported released.
     async fn read_for_term(&self, key: &LeaseKey, term: TermId) -> Result<Option<Stored>, Error> {
-        let blob = &self.container.blob_client(&Self::lease_blob_name(key));
+        let blob = &self.container.blob_client(&self.lease_blob_name(key));
         let work = move || async move {
             let what = "re-reading the lease blob with the term's lease id";
             let (fetched, ours) = match self.fetch_with(blob, Some(term.to_guid())).await {
@@ -828,7 +834,7 @@ impl LeaseBackend for AzureLeaseStore {
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
         let blob = self
             .container
-            .blob_client(&Self::lease_blob_name(&request.key));
+            .blob_client(&self.lease_blob_name(&request.key));
         let deadline = call_deadline();
         let budget = call_budget();
         let work = async {
@@ -856,7 +862,7 @@ impl LeaseBackend for AzureLeaseStore {
 #[async_trait]
 impl FencedCas for AzureLeaseStore {
     async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        let blob = &self.container.blob_client(&Self::object_blob_name(object));
+        let blob = &self.container.blob_client(&self.object_blob_name(object));
         let work = move || async move {
             let fetched = self
                 .fetch(blob)
@@ -882,7 +888,7 @@ impl FencedCas for AzureLeaseStore {
             value,
             ..
         } = put;
-        let blob = self.container.blob_client(&Self::object_blob_name(object));
+        let blob = self.container.blob_client(&self.object_blob_name(object));
         let cond = match expected {
             Expected::Absent => Cond::Absent,
             Expected::Revision(etag) => Cond::Matches(etag.as_str()),
@@ -912,6 +918,20 @@ fn fence_of(object: &ObjectName, headers: &Headers) -> Result<FencingToken, Erro
             key: object.to_string(),
             detail: format!("the blob has no numeric {META_FENCE} metadata"),
         })
+}
+
+/// The blob names of a store with `prefix`. Lease keys and object names never start with `.`,
+/// so a lease blob never meets a token or object blob.
+fn lease_blob(prefix: &str, key: &LeaseKey) -> String {
+    format!("{prefix}{key}")
+}
+
+fn token_blob(prefix: &str, key: &LeaseKey) -> String {
+    format!("{prefix}.{key}.token")
+}
+
+fn object_blob(prefix: &str, object: &ObjectName) -> String {
+    format!("{prefix}.{object}.fenced")
 }
 
 #[cfg(test)]
@@ -957,11 +977,20 @@ mod tests {
     fn blob_names_do_not_collide() {
         let k = LeaseKey::new("a").unwrap();
         let o = ObjectName::new("a").unwrap();
-        let names = [
-            AzureLeaseStore::lease_blob_name(&k),
-            AzureLeaseStore::token_blob_name(&k),
-            AzureLeaseStore::object_blob_name(&o),
-        ];
-        assert_eq!(names, ["lease.a", "token.a", "fenced.a"]);
+        for prefix in ["", "prod/leases/"] {
+            let names = [
+                lease_blob(prefix, &k),
+                token_blob(prefix, &k),
+                object_blob(prefix, &o),
+            ];
+            assert_eq!(
+                names,
+                [
+                    format!("{prefix}a"),
+                    format!("{prefix}.a.token"),
+                    format!("{prefix}.a.fenced"),
+                ]
+            );
+        }
     }
 }

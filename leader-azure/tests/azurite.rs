@@ -78,7 +78,7 @@ impl Harness for Azurite {
 
     async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error> {
         let store = self.azure().await;
-        let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+        let blob = store.blob_client(&store.lease_blob_name(key));
         blob.upload(
             azure_core::Bytes::from_static(b"\x00\x01 not json").into(),
             None,
@@ -97,11 +97,11 @@ impl Harness for Azurite {
         };
         // Fails harmlessly (409) when no lease is held.
         let _ = store
-            .blob_client(&AzureLeaseStore::lease_blob_name(key))
+            .blob_client(&store.lease_blob_name(key))
             .break_lease(Some(options))
             .await;
         store
-            .blob_client(&AzureLeaseStore::lease_blob_name(key))
+            .blob_client(&store.lease_blob_name(key))
             .delete(None)
             .await
             .unwrap();
@@ -129,7 +129,7 @@ async fn acquired(c: &mut LeaseClient) -> FencingToken {
 }
 
 async fn break_lease(store: &AzureLeaseStore, key: &LeaseKey) {
-    let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+    let blob = store.blob_client(&store.lease_blob_name(key));
     let options = BlobClientBreakLeaseOptions {
         break_period: Some(0),
         ..Default::default()
@@ -182,7 +182,7 @@ async fn a_deleted_blob_is_recreated_with_a_higher_token() {
     // An operator removes the lease blob (breaking the lease first, as Azure requires).
     break_lease(&store, &key).await;
     store
-        .blob_client(&AzureLeaseStore::lease_blob_name(&key))
+        .blob_client(&store.lease_blob_name(&key))
         .delete(None)
         .await
         .unwrap();
@@ -526,7 +526,7 @@ impl LeaseBackend for LosesAnswer {
 }
 
 async fn seize_lease(store: &AzureLeaseStore, key: &LeaseKey, term: TermId) {
-    let blob = store.blob_client(&AzureLeaseStore::lease_blob_name(key));
+    let blob = store.blob_client(&store.lease_blob_name(key));
     let options = BlobClientAcquireLeaseOptions {
         proposed_lease_id: Some(term.to_guid()),
         ..Default::default()

@@ -446,9 +446,49 @@ pub fn decode_fenced(name: &str, bytes: &[u8], revision: Revision) -> Result<Fen
     })
 }
 
+/// Checks a prefix of object names (a folder such as `prod/leases/`, or any start of a name):
+/// at most 512 bytes of printable ASCII without spaces, `#`, `?`, `[`, `]`, `*` and `\\`, not
+/// starting with `.` or `/`. Blob and object stores put a store's objects under it.
+///
+/// # Errors
+/// [`ConfigError::InvalidName`] saying what is wrong.
+pub fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidName {
+        what: "object prefix",
+        name: prefix.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if prefix.len() > 512 {
+        return Err(invalid("it is longer than 512 bytes"));
+    }
+    if prefix.starts_with('.') || prefix.starts_with('/') {
+        return Err(invalid("it starts with '.' or '/'"));
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !matches!(b, b'#' | b'?' | b'[' | b']' | b'*' | b'\\'))
+    {
+        return Err(invalid(
+            "use printable ASCII without spaces, '#', '?', '[', ']', '*' and '\\'",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_are_checked() {
+        for ok in ["", "leader-lease/", "prod/leases/", "x-"] {
+            assert!(check_prefix(ok).is_ok(), "{ok}");
+        }
+        for bad in ["/x", ".x", "a b", "a#b", "a?b", "a\\b"] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
+        assert!(check_prefix(&"a".repeat(513)).is_err());
+    }
 
     #[test]
     fn a_fenced_body_round_trips_and_a_damaged_one_names_the_object() {

@@ -8,6 +8,7 @@ use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 use google_cloud_storage::read_resume_policy::NeverResume;
 use leader_core::Error;
+use leader_core::backend::check_prefix;
 
 use crate::client::GcsStore;
 
@@ -19,9 +20,9 @@ pub const PREFIX_VAR: &str = "LEADER_GCS_PREFIX";
 /// [`GcsBuilder::from_env`] talks to it with anonymous credentials. The SDK itself ignores it.
 pub const EMULATOR_VAR: &str = "STORAGE_EMULATOR_HOST";
 
-/// The default prefix of object names: leases are `leader-lease/<key>`, protected objects
-/// `leader-lease/objects/<name>`.
-pub const DEFAULT_PREFIX: &str = "leader-lease/";
+/// The default prefix of object names: none. The lease of key `k` is the object `k`, a
+/// protected object `name` is `.name.fenced`, both at the bucket's root.
+pub const DEFAULT_PREFIX: &str = "";
 
 #[derive(Clone)]
 enum Identity {
@@ -121,7 +122,9 @@ impl GcsBuilder {
         self
     }
 
-    /// Sets the prefix of object names (default `leader-lease/`; may be empty).
+    /// Sets the prefix of object names, such as a folder `prod/leases/` (default: none). The
+    /// lease of key `k` is then `prod/leases/k`, a protected object `name` is
+    /// `prod/leases/.name.fenced`.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -191,7 +194,7 @@ impl GcsBuilder {
             .clone()
             .ok_or_else(|| invalid(format!("no bucket configured; set {BUCKET_VAR}")))?;
         check_bucket_name(&bucket).map_err(invalid)?;
-        check_prefix(&self.prefix).map_err(invalid)?;
+        check_prefix(&self.prefix).map_err(|e| invalid(e.to_string()))?;
         leader_core::tls::install_crypto_provider();
         let credentials = match self.identity {
             Identity::ApplicationDefault => {
@@ -275,28 +278,6 @@ fn check_bucket_name(bucket: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Object name prefixes: printable ASCII without `#`, `?`, `[`, `]`, `*` and not starting
-/// with `.`, at most 512 bytes (object names may have 1024).
-fn check_prefix(prefix: &str) -> Result<(), String> {
-    if prefix.len() > 512 {
-        return Err("the object prefix is longer than 512 bytes".to_owned());
-    }
-    if prefix.starts_with('.') || prefix.starts_with('/') {
-        return Err(format!(
-            "the object prefix {prefix:?} must not start with '.' or '/'"
-        ));
-    }
-    if !prefix
-        .bytes()
-        .all(|b| b.is_ascii_graphic() && !matches!(b, b'#' | b'?' | b'[' | b']' | b'*'))
-    {
-        return Err(format!(
-            "the object prefix {prefix:?} may hold printable ASCII without spaces, '#', '?', '[', ']' and '*'"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,15 +290,6 @@ mod tests {
         }
         for bad in ["", "ab", "My-Leases", "gs://x", "-abc", "abc-", "a b c"] {
             assert!(check_bucket_name(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn prefixes_are_checked() {
-        assert!(check_prefix("").is_ok());
-        assert!(check_prefix("leader-lease/").is_ok());
-        for bad in ["/x", ".x", "a b", "a#b", "a?b"] {
-            assert!(check_prefix(bad).is_err(), "{bad}");
         }
     }
 

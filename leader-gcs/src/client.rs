@@ -32,7 +32,7 @@ const BACKOFF: Backoff = Backoff::new(Duration::from_millis(25), Duration::from_
 /// Leases and fenced objects in one GCS bucket.
 ///
 /// Each lease key is one object, `<prefix><key>`, whose body is the record's JSON and whose
-/// generation is the revision. Protected objects are `<prefix>objects/<name>`. See the crate
+/// generation is the revision. Protected objects are `<prefix>.<name>.fenced`. See the crate
 /// docs for the fencing-token scheme and the retry rules.
 ///
 /// The type parameter is the SDK's transport; only tests replace it (with a mock stub).
@@ -94,9 +94,10 @@ impl<S: Stub + 'static> GcsStore<S> {
         format!("{}{key}", self.prefix)
     }
 
-    /// The name of the GCS object behind a protected object.
+    /// The name of the GCS object behind a protected object: `<prefix>.<name>.fenced`, beside
+    /// the leases (no lease key starts with `.`, so the two never meet).
     pub fn fenced_object(&self, object: &ObjectName) -> String {
-        format!("{}objects/{object}", self.prefix)
+        format!("{}.{object}.fenced", self.prefix)
     }
 
     fn request<'a>(&'a self, object: &'a str, write: bool) -> Request<'a> {

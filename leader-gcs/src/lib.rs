@@ -48,8 +48,8 @@
 //!
 //! # How the store works
 //!
-//! - **Records.** The lease of key `k` is the object `<prefix>k` (default prefix
-//!   `leader-lease/`), its body the record's JSON ([`LeaseRecord::to_json`](leader_core::backend::LeaseRecord)),
+//! - **Records.** The lease of key `k` is the object `<prefix>k` (no prefix by default; the
+//!   `leader` crate's `gs://BUCKET/FOLDER/KEY` is the object `FOLDER/KEY`), its body the record's JSON ([`LeaseRecord::to_json`](leader_core::backend::LeaseRecord)),
 //!   its generation the revision. Writes are multipart uploads (`Storage::write_object`) with
 //!   `ifGenerationMatch`: 0 to create, the observed generation to take over, renew or release
 //!   (a release is an overwrite that marks the record released, not a delete). HTTP 412 is a
@@ -70,7 +70,7 @@
 //!   made). A write that may have landed (no answer in time, a lost connection, a 5xx) is
 //!   [`Error::Indeterminate`](leader_core::Error) at once and never sent again: the core
 //!   re-reads and recognises its own write by holder and nonce.
-//! - **Fenced writes.** A protected object `<prefix>objects/<name>` holds a fence line and the
+//! - **Fenced writes.** A protected object `<prefix>.<name>.fenced` holds a fence line and the
 //!   value; a fenced write reads it, refuses if its fence is above the writer's token, and
 //!   uploads on the generation it read (the core's [`leader_core::FencedStore`] over this
 //!   crate's [`leader_core::backend::FencedCas`]).

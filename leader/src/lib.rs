@@ -3,12 +3,18 @@
 //! One entry point for the leader-lease suite: name the store with a URL, get a store that
 //! the [`Elector`] campaigns on and that takes fenced writes.
 //!
-//! | URL | store | the lease record |
-//! |---|---|---|
-//! | `file:///var/lib/leases/KEY` | [`FileStore`], for processes on one host | `/var/lib/leases/KEY.lease` |
-//! | `azblob://CONTAINER/KEY` | Azure Blob leases (feature `azure`) | blob `lease.KEY` |
-//! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` |
-//! | `gs://BUCKET/KEY` | GCS generation preconditions (feature `gcs`) | object `leader-lease/KEY` |
+//! | URL | store | the lease record | beside it |
+//! |---|---|---|---|
+//! | `file:///var/lib/leases/KEY` | [`FileStore`], for processes on one host | file `/var/lib/leases/KEY.lease` | token mark `KEY.lease.high-water`, lock files `*.lock`; protected objects `NAME.fenced` |
+//! | `azblob://CONTAINER/[FOLDER/]KEY` | Azure Blob leases (feature `azure`) | blob `[FOLDER/]KEY` | token mark `[FOLDER/].KEY.token`; protected objects `[FOLDER/].NAME.fenced` |
+//! | `gs://BUCKET/[FOLDER/]KEY` | GCS generation preconditions (feature `gcs`) | object `[FOLDER/]KEY` | protected objects `[FOLDER/].NAME.fenced` |
+//! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` | token mark `mark#KEY`; protected objects `fenced#NAME` |
+//!
+//! In a blob or object store, the URL's path is the lease blob's or object's name as the
+//! console shows it; the token high-water mark and protected objects sit beside it under
+//! names that start with `.` (no lease key or object name does, so they never meet). A
+//! DynamoDB table keeps leases, marks and protected objects as items of one partition key,
+//! told apart by their `lease#`, `mark#` and `fenced#` prefixes.
 //!
 //! Credentials come from each cloud's usual chain, over HTTPS; [`OpenOptions`] moves the
 //! endpoint or talks to a local emulator. The suite's TLS crypto provider is installed on the
@@ -78,10 +84,12 @@ pub enum StoreUrl {
         /// The lease key.
         key: LeaseKey,
     },
-    /// `azblob://CONTAINER/KEY`.
+    /// `azblob://CONTAINER/[FOLDER/]KEY`: the lease is the blob `[FOLDER/]KEY`.
     Azure {
         /// The blob container.
         container: String,
+        /// The folder of the blobs: empty, or segments each ending with `/`.
+        folder: String,
         /// The lease key.
         key: LeaseKey,
     },
@@ -92,10 +100,12 @@ pub enum StoreUrl {
         /// The lease key.
         key: LeaseKey,
     },
-    /// `gs://BUCKET/KEY`.
+    /// `gs://BUCKET/[FOLDER/]KEY`: the lease is the object `[FOLDER/]KEY`.
     Gcs {
         /// The bucket.
         bucket: String,
+        /// The folder of the objects: empty, or segments each ending with `/`.
+        folder: String,
         /// The lease key.
         key: LeaseKey,
     },
@@ -109,8 +119,8 @@ fn invalid(message: String) -> Error {
 }
 
 impl StoreUrl {
-    /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/KEY`, `dynamodb://TABLE/KEY` or
-    /// `gs://BUCKET/KEY`. Whether the backend is compiled in is checked by [`open`].
+    /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/[FOLDER/]KEY`, `dynamodb://TABLE/KEY` or
+    /// `gs://BUCKET/[FOLDER/]KEY`. Whether the backend is compiled in is checked by [`open`].
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] saying what is wrong with the URL.
@@ -149,18 +159,38 @@ impl StoreUrl {
             });
         }
         let place = url.host_str().unwrap_or_default().to_owned();
-        let key = url.path().strip_prefix('/').unwrap_or_default();
+        let path = url.path().strip_prefix('/').unwrap_or_default();
+        let (folder, key) = match path.rsplit_once('/') {
+            Some((folder, key)) => (format!("{folder}/"), key),
+            None => (String::new(), path),
+        };
         if place.is_empty() || key.is_empty() {
-            return Err(bad(&format!("expected {scheme}://PLACE/KEY")));
+            return Err(bad(&format!("expected {scheme}://PLACE/[FOLDER/]KEY")));
+        }
+        for segment in folder.split_terminator('/') {
+            LeaseKey::new(segment).map_err(|e| {
+                bad(&format!(
+                    "folder segment {segment:?}: {}",
+                    e.to_string().replace("lease key", "name")
+                ))
+            })?;
         }
         let key = key_of(key)?;
         match scheme {
             "azblob" => Ok(StoreUrl::Azure {
                 container: place,
+                folder,
                 key,
             }),
+            "dynamodb" if !folder.is_empty() => {
+                Err(bad("a DynamoDB table has no folders: dynamodb://TABLE/KEY"))
+            }
             "dynamodb" => Ok(StoreUrl::Dynamo { table: place, key }),
-            "gs" => Ok(StoreUrl::Gcs { bucket: place, key }),
+            "gs" => Ok(StoreUrl::Gcs {
+                bucket: place,
+                folder,
+                key,
+            }),
             other => Err(bad(&format!(
                 "unknown scheme {other:?}; use file://, azblob://, dynamodb:// or gs://"
             ))),
@@ -189,9 +219,17 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::File { dir, key } => write!(f, "file://{}/{key}", dir.display()),
-            StoreUrl::Azure { container, key } => write!(f, "azblob://{container}/{key}"),
+            StoreUrl::Azure {
+                container,
+                folder,
+                key,
+            } => write!(f, "azblob://{container}/{folder}{key}"),
             StoreUrl::Dynamo { table, key } => write!(f, "dynamodb://{table}/{key}"),
-            StoreUrl::Gcs { bucket, key } => write!(f, "gs://{bucket}/{key}"),
+            StoreUrl::Gcs {
+                bucket,
+                folder,
+                key,
+            } => write!(f, "gs://{bucket}/{folder}{key}"),
         }
     }
 }
@@ -271,7 +309,9 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             FileStore::open(dir)?
         })),
         #[cfg(feature = "azure")]
-        StoreUrl::Azure { container, .. } => {
+        StoreUrl::Azure {
+            container, folder, ..
+        } => {
             use leader_azure::AzureLeaseStoreBuilder as Builder;
             let mut b = if options.emulator {
                 let endpoint = options.endpoint.as_deref();
@@ -285,6 +325,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             };
             b = b
                 .with_container(container.clone())
+                .with_prefix(folder.clone())
                 .with_create_container_if_missing(options.create_if_missing);
             Ok(Arc::new(b.build().await?))
         }
@@ -313,7 +354,7 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             Ok(Arc::new(store))
         }
         #[cfg(feature = "gcs")]
-        StoreUrl::Gcs { bucket, .. } => {
+        StoreUrl::Gcs { bucket, folder, .. } => {
             if options.create_if_missing {
                 return Err(invalid(format!(
                     "creating a missing bucket is not supported for gs:// (a bucket needs a \
@@ -321,7 +362,9 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
                      storage buckets create gs://{bucket}`"
                 )));
             }
-            let mut b = leader_gcs::GcsBuilder::from_env()?.with_bucket(bucket.clone());
+            let mut b = leader_gcs::GcsBuilder::from_env()?
+                .with_bucket(bucket.clone())
+                .with_prefix(folder.clone());
             if options.emulator {
                 let endpoint = options
                     .endpoint
@@ -387,6 +430,15 @@ mod tests {
                 "azblob://c1/k",
                 StoreUrl::Azure {
                     container: "c1".into(),
+                    folder: String::new(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "azblob://c1/prod/leases/k",
+                StoreUrl::Azure {
+                    container: "c1".into(),
+                    folder: "prod/leases/".into(),
                     key: LeaseKey::new("k").unwrap(),
                 },
             ),
@@ -394,6 +446,15 @@ mod tests {
                 "gs://b_1/k",
                 StoreUrl::Gcs {
                     bucket: "b_1".into(),
+                    folder: String::new(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "gs://b_1/a/b/k",
+                StoreUrl::Gcs {
+                    bucket: "b_1".into(),
+                    folder: "a/b/".into(),
                     key: LeaseKey::new("k").unwrap(),
                 },
             ),
@@ -410,12 +471,16 @@ mod tests {
             ("file://relative/jobs", "absolute"),
             ("/no/scheme", "SCHEME://"),
             ("ftp://x/y", "unknown scheme"),
-            ("gs://bucket-only", "gs://PLACE/KEY"),
-            ("dynamodb:///key", "dynamodb://PLACE/KEY"),
+            ("gs://bucket-only", "gs://PLACE/[FOLDER/]KEY"),
+            ("dynamodb:///key", "dynamodb://PLACE/[FOLDER/]KEY"),
+            ("dynamodb://t/a/k", "no folders"),
+            ("gs://b/a//k", "folder segment"),
+            ("gs://b/.hidden/k", "folder segment"),
+            ("azblob://c/a/", "PLACE/[FOLDER/]KEY"),
             ("file:///var/lib/bad key", "lease key"),
             ("file:///var/lib/leases/jobs/", "not with '/'"),
             ("file:///", "not with '/'"),
-            ("gs://b/a/b", "lease key"),
+            ("gs://b/a/b c", "lease key"),
             ("gs://b/k?x=1", "query"),
             ("azblob://c:10000/k", "port"),
         ] {

@@ -160,6 +160,7 @@ pub async fn open_store(
         },
         BackendKind::Azure => StoreUrl::Azure {
             container: place.to_owned(),
+            folder: String::new(),
             key,
         },
         BackendKind::Dynamo => StoreUrl::Dynamo {
@@ -168,6 +169,7 @@ pub async fn open_store(
         },
         BackendKind::Gcs => StoreUrl::Gcs {
             bucket: place.to_owned(),
+            folder: String::new(),
             key,
         },
     };
