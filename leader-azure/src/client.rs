@@ -881,22 +881,17 @@ impl FencedCas for AzureLeaseStore {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            expected,
-            value,
-            ..
-        } = put;
-        let blob = self.container.blob_client(&self.object_blob_name(object));
-        let cond = match expected {
+        let blob = self
+            .container
+            .blob_client(&self.object_blob_name(put.object));
+        let cond = match put.expected {
             Expected::Absent => Cond::Absent,
             Expected::Revision(etag) => Cond::Matches(etag.as_str()),
         };
-        let metadata = HashMap::from([(META_FENCE.to_owned(), fence.token.to_string())]);
+        let metadata = HashMap::from([(META_FENCE.to_owned(), put.fence.token.to_string())]);
         Call::write("writing the fenced object")
             .run(|_| {
-                let upload = self.upload(&blob, value.to_vec(), metadata.clone(), cond, None);
+                let upload = self.upload(&blob, put.value.to_vec(), metadata.clone(), cond, None);
                 async move {
                     match upload.await {
                         Ok(etag) => Ok(ObjectWrite::Written(Revision::new(etag))),

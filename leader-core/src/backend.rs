@@ -32,6 +32,17 @@ pub enum Expected {
     Revision(Revision),
 }
 
+impl Expected {
+    /// Whether a record or object at revision `current` (`None`: there is none) meets this
+    /// condition.
+    pub fn matches(&self, current: Option<&Revision>) -> bool {
+        match self {
+            Expected::Absent => current.is_none(),
+            Expected::Revision(r) => current == Some(r),
+        }
+    }
+}
+
 /// Why the core writes. Compare-and-swap stores may ignore it; stores with server-side leases
 /// map it to their lease operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -279,12 +279,10 @@ impl FileStore {
         let path = self.lease_path(&request.key);
         let _lock = lock(&lock_path(&path), self.lock_wait, self.file_mode)?;
         let current = read_optional(&path)?;
-        let matches = match (&request.expected, &current) {
-            (Expected::Absent, None) => true,
-            (Expected::Revision(want), Some(bytes)) => *want == revision_of(bytes),
-            _ => false,
-        };
-        if !matches {
+        if !request
+            .expected
+            .matches(current.as_deref().map(revision_of).as_ref())
+        {
             let current = current.and_then(|bytes| {
                 LeaseRecord::from_json(request.key.as_str(), &bytes)
                     .ok()
@@ -351,11 +349,7 @@ impl FileStore {
         let path = self.object_path(object);
         let _lock = lock(&lock_path(&path), self.lock_wait, self.file_mode)?;
         let current = read_optional(&path)?.map(|bytes| revision_of(&bytes));
-        let matches = match expected {
-            Expected::Absent => current.is_none(),
-            Expected::Revision(r) => current.as_ref() == Some(r),
-        };
-        if !matches {
+        if !expected.matches(current.as_ref()) {
             return Ok(ObjectWrite::Conflict);
         }
         let bytes = encode_fenced(token, value);
@@ -671,16 +665,10 @@ impl FencedCas for FileStore {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            expected,
-            value,
-            ..
-        } = put;
         let store = self.clone();
-        let (object, expected, value) = (object.clone(), expected.clone(), value.to_vec());
-        let token = fence.token;
+        let (object, expected, value) =
+            (put.object.clone(), put.expected.clone(), put.value.to_vec());
+        let token = put.fence.token;
         self.blocking(move || {
             store.put_fenced_blocking(token, &object, &expected, &value, &mut Rng::from_entropy())
         })

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind,
-    WriteOutcome, WriteRequest,
+    FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind, WriteOutcome,
+    WriteRequest,
 };
 use crate::error::Error;
 use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
@@ -91,12 +91,7 @@ impl LeaseBackend for MemoryStore {
         let mut state = self.lock();
         let key = request.key.as_str();
         let current = state.leases.get(key);
-        let matches = match (&request.expected, current) {
-            (Expected::Absent, None) => true,
-            (Expected::Revision(want), Some((_, have))) => want == have,
-            _ => false,
-        };
-        if !matches {
+        if !request.expected.matches(current.map(|(_, rev)| rev)) {
             let current = current.and_then(|(bytes, rev)| Self::decode(key, bytes, rev).ok());
             return Ok(WriteOutcome::Conflict { current });
         }
@@ -129,28 +124,17 @@ impl FencedCas for MemoryStore {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            expected,
-            value,
-            ..
-        } = put;
         let mut state = self.lock();
-        let current = state.objects.get(object.as_str()).map(|o| &o.revision);
-        let matches = match expected {
-            Expected::Absent => current.is_none(),
-            Expected::Revision(r) => current == Some(r),
-        };
-        if !matches {
+        let current = state.objects.get(put.object.as_str());
+        if !put.expected.matches(current.map(|o| &o.revision)) {
             return Ok(ObjectWrite::Conflict);
         }
         let revision = state.revision();
         state.objects.insert(
-            object.as_str().to_owned(),
+            put.object.as_str().to_owned(),
             FencedObject {
-                fence: fence.token,
-                value: value.to_vec(),
+                fence: put.fence.token,
+                value: put.value.to_vec(),
                 revision: revision.clone(),
             },
         );

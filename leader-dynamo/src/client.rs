@@ -20,7 +20,7 @@ use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, Rng
 use leader_core::backend::{
     Expected, LeaseRecord, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
-use leader_core::{Error, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName};
+use leader_core::{Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -481,13 +481,14 @@ impl DynamoStore {
     /// The conditional write of a protected object: one `TransactWriteItems` of a
     /// `ConditionCheck` that the lease still has the fence's holder and token (item 0) and the
     /// object's update on condition that it is as `expected` (item 1).
-    async fn transact_fenced(
-        &self,
-        fence: &Fence,
-        object: &ObjectName,
-        expected: &Expected,
-        value: &[u8],
-    ) -> Result<ObjectWrite, Error> {
+    async fn transact_fenced(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        let FencedPut {
+            fence,
+            object,
+            expected,
+            value,
+            ..
+        } = put;
         let build = |e: aws_sdk_dynamodb::error::BuildError| {
             Error::backend("building the fenced transaction", e)
         };
@@ -599,13 +600,6 @@ impl FencedCas for DynamoStore {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            expected,
-            value,
-            ..
-        } = put;
-        self.transact_fenced(fence, object, expected, value).await
+        self.transact_fenced(put).await
     }
 }

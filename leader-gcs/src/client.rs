@@ -312,14 +312,7 @@ impl<S: Stub + 'static> FencedCas for GcsStore<S> {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            expected,
-            value,
-            ..
-        } = put;
-        let if_generation = match expected {
+        let if_generation = match put.expected {
             Expected::Absent => 0,
             // A revision this store did not hand out matches no object.
             Expected::Revision(r) => match generation_of(r) {
@@ -327,10 +320,10 @@ impl<S: Stub + 'static> FencedCas for GcsStore<S> {
                 None => return Ok(ObjectWrite::Conflict),
             },
         };
-        let body = Bytes::from(encode_fenced(fence.token, value));
+        let body = Bytes::from(encode_fenced(put.fence.token, put.value));
         Ok(
             match self
-                .put(&self.fenced_object(object), body, if_generation)
+                .put(&self.fenced_object(put.object), body, if_generation)
                 .await?
             {
                 Put::Written(generation) => ObjectWrite::Written(revision(generation)),

@@ -276,21 +276,15 @@ impl FencedCas for Resource {
     }
 
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        let FencedPut {
-            fence,
-            object,
-            value,
-            ..
-        } = put;
         let store = &self.world.store;
         let outcome = if self.world.config.negative == NegativeControl::UnfencedResource {
             // ... and writes whatever arrives, on no condition.
-            let now = match store.get_fenced(object).await? {
+            let now = match store.get_fenced(put.object).await? {
                 Some(o) => Expected::Revision(o.revision),
                 None => Expected::Absent,
             };
             store
-                .put_fenced_if(FencedPut::new(fence, object, &now, value))
+                .put_fenced_if(FencedPut::new(put.fence, put.object, &now, put.value))
                 .await
         } else {
             store.put_fenced_if(put).await
@@ -298,7 +292,7 @@ impl FencedCas for Resource {
         if let Ok(ObjectWrite::Written(_)) = outcome {
             self.world.log(Event::Write {
                 cand: self.cand,
-                token: fence.token.0,
+                token: put.fence.token.0,
                 at: self.world.now(),
                 accepted: true,
             });
