@@ -261,6 +261,9 @@ pub struct FencedObject {
 /// token has written it, and otherwise writes the value and the writer's token as the new fence
 /// on the condition that the object is still the one it read; if another writer got there
 /// first, it reads again (a few rounds).
+///
+/// A fenced write ends by one deadline, all its calls included: the caller's ([`within`]),
+/// else [`DEFAULT_BUDGET`] from its start.
 #[async_trait]
 pub trait FencedStore: Send + Sync + fmt::Debug {
     /// Writes `value` to `object` if `fence` is not stale.
@@ -302,6 +305,16 @@ impl<S: FencedCas + ?Sized> FencedStore for S {
         object: &ObjectName,
         value: &[u8],
     ) -> Result<FencedObject, Error> {
+        // The whole write (its reads, writes and rounds) has one deadline: the caller's, or
+        // the default one.
+        if !crate::call::in_scope() {
+            let write = self.fenced_write(fence, object, value);
+            return within(DEFAULT_BUDGET, write).await.unwrap_or_else(|_| {
+                Err(Error::indeterminate(format!(
+                    "the fenced write to {object} did not finish within {DEFAULT_BUDGET:?}"
+                )))
+            });
+        }
         for _ in 0..FENCED_ROUNDS {
             let expected = match self.get_fenced(object).await? {
                 Some(current) if current.fence > fence.token => {
@@ -489,6 +502,42 @@ pub fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store whose conditional puts never answer.
+    #[derive(Debug)]
+    struct Hangs;
+
+    #[async_trait]
+    impl FencedCas for Hangs {
+        async fn get_fenced(&self, _: &ObjectName) -> Result<Option<FencedObject>, Error> {
+            Ok(None)
+        }
+        async fn put_fenced_if(&self, _: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_write_ends_by_one_deadline_even_outside_within() {
+        let fence = Fence {
+            key: LeaseKey::new("k").unwrap(),
+            holder: HolderId::new("a").unwrap(),
+            token: FencingToken(1),
+        };
+        let object = ObjectName::new("o").unwrap();
+        let started = tokio::time::Instant::now();
+        let write = Hangs.fenced_write(&fence, &object, b"v");
+        let r = tokio::time::timeout(DEFAULT_BUDGET * 2, write).await;
+        let err = r.expect("ended by its own deadline").unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Indeterminate, "{err}");
+        assert_eq!(started.elapsed(), DEFAULT_BUDGET);
+        // Inside within, the caller's deadline holds.
+        let started = tokio::time::Instant::now();
+        let short = std::time::Duration::from_millis(300);
+        let r = within(short, Hangs.fenced_write(&fence, &object, b"v")).await;
+        assert!(r.is_err());
+        assert_eq!(started.elapsed(), short);
+    }
 
     #[test]
     fn prefixes_are_checked() {

@@ -42,6 +42,11 @@ pub fn call_deadline() -> Instant {
         .unwrap_or_else(|_| Instant::now() + DEFAULT_BUDGET)
 }
 
+/// Whether the current task runs inside [`within`].
+pub(crate) fn in_scope() -> bool {
+    SCOPE.try_with(|_| ()).is_ok()
+}
+
 /// The whole time the current store call was given (for messages): the budget of [`within`],
 /// else [`DEFAULT_BUDGET`].
 pub fn call_budget() -> Duration {
