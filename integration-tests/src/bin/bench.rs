@@ -632,3 +632,38 @@ async fn main() -> ExitCode {
         ExitCode::FAILURE
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Result<Settings, String> {
+        parse_args(list.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn arguments_are_checked() {
+        let s = args(&["ttl=15", "rounds=2", "backends=gcs,file"]).unwrap();
+        assert_eq!(s.ttl, Duration::from_secs(15));
+        assert_eq!(s.rounds, 2);
+        assert_eq!(s.backends, [BackendKind::Gcs, BackendKind::File]);
+        for bad in [
+            "ttl=0",
+            "ttl=x",
+            "rounds=0",
+            "rounds=-1",
+            "backends=s3",
+            "nope=1",
+            "ttl",
+        ] {
+            assert!(args(&[bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spread_is_min_median_max() {
+        assert_eq!(spread(&[]), "-");
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), "1 / 2 / 3");
+        assert_eq!(spread(&[4.0, 1.0, 2.0, 10.0]), "1 / 3 / 10");
+    }
+}
