@@ -388,6 +388,16 @@ impl FaultProxy {
         Self::start(upstream, seed).await
     }
 
+    /// `url`, the emulator's URL given to [`in_front_of`](Self::in_front_of), with this
+    /// proxy's address in place of the emulator's; the path (Azurite's account) is kept.
+    pub fn url_for(&self, url: &str) -> String {
+        let path = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
+            .unwrap_or("");
+        format!("{}{path}", self.url())
+    }
+
     /// The proxy's base URL, `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -227,12 +227,15 @@ impl AzureLeaseStore {
 
     /// Runs a read (`attempt` makes one try) through the core's retry loop, within the
     /// request timeout.
-    async fn bounded_read<T, F, Fut>(&self, operation: &'static str, attempt: F) -> Result<T, Error>
+    async fn bounded_read<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        mut attempt: F,
+    ) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let mut attempt = attempt;
         Call::read(operation).run(|_| attempt()).await
     }
 

@@ -348,7 +348,7 @@ async fn a_write_without_an_answer_is_indeterminate_within_the_request_timeout()
     });
     let limit = Duration::from_millis(400);
     let store = AzureLeaseStoreBuilder::new()
-        .with_emulator(format!("{}/devstoreaccount1", proxy.url()))
+        .with_emulator(proxy.url_for(&h.endpoint))
         .with_container("leases")
         .build_unchecked()
         .unwrap();
@@ -615,7 +615,7 @@ async fn a_lost_renew_then_another_candidates_lease_ends_the_term() {
 async fn through_proxy(h: &Azurite, seed: u64) -> (FaultProxy, AzureLeaseStore) {
     let proxy = FaultProxy::in_front_of(&h.endpoint, seed).await.unwrap();
     let store = AzureLeaseStoreBuilder::new()
-        .with_emulator(format!("{}/devstoreaccount1", proxy.url()))
+        .with_emulator(proxy.url_for(&h.endpoint))
         .with_container(&h.container)
         // No container check: the proxy counts only the test's own requests.
         .build_unchecked()

@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use integration_tests::chaos::candidate::CandidateArgs;
 use integration_tests::chaos::checker::parse_log;
-use integration_tests::chaos::{BackendKind, EV_READY, EV_TERM_STARTED, mono_us, open_store};
+use integration_tests::chaos::drill::{prepare, proxied};
+use integration_tests::chaos::{BackendKind, EV_READY, EV_TERM_STARTED, mono_us};
 use integration_tests::proxy::FaultProxy;
 use leader_core::Timing;
 use nix::sys::signal::{Signal, kill};
@@ -114,32 +115,7 @@ impl Site {
     ) -> Result<Self, String> {
         let dir = settings.dir.join(kind.name());
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {dir:?}: {e}"))?;
-        let (url, place) = match kind.emulator() {
-            None => {
-                let store = dir.join("store");
-                std::fs::create_dir_all(&store).map_err(|e| format!("creating {store:?}: {e}"))?;
-                (store.display().to_string(), String::new())
-            }
-            Some(emulator) => {
-                let url = integration_tests::endpoint(emulator)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| format!("{emulator} is not available"))?
-                    .url;
-                let place = integration_tests::unique_name("bench");
-                if kind == BackendKind::Gcs {
-                    integration_tests::gcs::GcsClient::new(&url)
-                        .create_bucket(&place)
-                        .await
-                        .map_err(|e| format!("creating bucket {place}: {e}"))?;
-                } else {
-                    open_store(kind, &url, &place, true)
-                        .await
-                        .map_err(|e| format!("creating {place}: {e}"))?;
-                }
-                (url, place)
-            }
-        };
+        let (url, place) = prepare(kind, &dir).await?;
         Ok(Self {
             kind,
             url,
@@ -152,20 +128,7 @@ impl Site {
 
     /// Starts candidate `id` for `key`, behind a proxy of its own unless on the file store.
     async fn spawn(&self, key: &str, id: &str) -> Result<Candidate, String> {
-        let (endpoint, proxy) = if self.kind.proxied() {
-            let proxy = FaultProxy::in_front_of(&self.url, 0)
-                .await
-                .map_err(|e| format!("starting a proxy: {e}"))?;
-            // Azurite's account is the URL's path: keep it after the proxy's address.
-            let path = self
-                .url
-                .strip_prefix("http://")
-                .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
-                .unwrap_or_default();
-            (format!("{}{path}", proxy.url()), Some(proxy))
-        } else {
-            (self.url.clone(), None)
-        };
+        let (endpoint, proxy) = proxied(self.kind, &self.url, 0).await?;
         let args = CandidateArgs {
             backend: self.kind,
             endpoint,

@@ -15,7 +15,7 @@ use super::checker::{FinalObject, check};
 use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
 use super::{BackendKind, EV_EXIT, mono_us, open_store};
-use crate::proxy::{FaultProxy, authority};
+use crate::proxy::FaultProxy;
 
 pub use super::scenario::{SLACK, Scenario};
 pub use super::summary::Summary;
@@ -60,8 +60,12 @@ pub struct RoundReport {
     pub dir: PathBuf,
 }
 
-/// Creates the round's container, table or bucket and returns (emulator URL, place).
-async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), String> {
+/// Creates a fresh container, table or bucket (a folder `dir/store` for the file store) and
+/// returns (emulator URL, place).
+///
+/// # Errors
+/// A message if the emulator is not available or the place cannot be created.
+pub async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), String> {
     let Some(emulator) = kind.emulator() else {
         let store = dir.join("store");
         std::fs::create_dir_all(&store).map_err(|e| format!("creating {store:?}: {e}"))?;
@@ -84,6 +88,25 @@ async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), Stri
         }
     }
     Ok((endpoint.url, place))
+}
+
+/// The endpoint a candidate of `kind` uses for the store at `url`: through a fault proxy of
+/// its own (seeded with `seed`), except on the file store.
+///
+/// # Errors
+/// A message if the proxy cannot start.
+pub async fn proxied(
+    kind: BackendKind,
+    url: &str,
+    seed: u64,
+) -> Result<(String, Option<FaultProxy>), String> {
+    if !kind.proxied() {
+        return Ok((url.to_owned(), None));
+    }
+    let proxy = FaultProxy::in_front_of(url, seed)
+        .await
+        .map_err(|e| format!("starting a proxy: {e}"))?;
+    Ok((proxy.url_for(url), Some(proxy)))
 }
 
 /// Runs one round of `scenario` on `kind` and checks it.
@@ -109,20 +132,7 @@ pub async fn run_round(
     let mut procs = Vec::new();
     for i in 0..cfg.candidates.max(2) {
         let id = format!("c{i}");
-        let (endpoint, proxy) = if kind.proxied() {
-            let upstream = authority(&url).ok_or_else(|| format!("bad endpoint {url}"))?;
-            let proxy = FaultProxy::start(upstream, cfg.seed.wrapping_add(i as u64))
-                .await
-                .map_err(|e| format!("starting a proxy: {e}"))?;
-            // Keep the path (Azurite's account) after the proxy's authority.
-            let path = url
-                .strip_prefix("http://")
-                .and_then(|r| r.find('/').map(|p| &r[p..]))
-                .unwrap_or("");
-            (format!("{}{path}", proxy.url()), Some(proxy))
-        } else {
-            (url.clone(), None)
-        };
+        let (endpoint, proxy) = proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?;
         let args = CandidateArgs {
             backend: kind,
             endpoint,
