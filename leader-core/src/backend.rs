@@ -138,9 +138,10 @@ pub enum ExpiryModel {
 ///    [`read_for_term`](LeaseBackend::read_for_term) and recognises its own write by holder
 ///    and [`nonce`](LeaseRecord::nonce); a term only if that record is held. Any other error
 ///    promises that nothing was written.
-/// 4. **Never retry a conditional write blindly**, and bound the SDK's own retries so that a
-///    call does not outlive the core's request timeout (the core also cancels it at that
-///    timeout; a cancelled write is indeterminate).
+/// 4. **Never retry a conditional write blindly**, and end every call by its deadline
+///    ([`call_deadline`], which the core sets per call with [`within`]; running the call
+///    through [`Call`] does both). The core also cancels the call at that deadline; a
+///    cancelled write is indeterminate.
 /// 5. **Store the record as given** and return it from `read` unchanged, with a revision that
 ///    changes on every applied write and is never reused for another content of the same key
 ///    (so a stale revision cannot match by accident). Revisions are compared only for
