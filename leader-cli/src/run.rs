@@ -12,6 +12,7 @@ use clap::Args;
 use leader_core::backend::within;
 use leader_core::{
     ConfigError, Elector, ElectorHandle, ErrorKind, HolderId, Leadership, Metadata, Term, Timing,
+    TimingOverrides,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -40,9 +41,14 @@ pub(crate) struct RunArgs {
     /// How often the leader renews (default ttl/3).
     #[arg(long, env = "LEADER_RENEW_EVERY", value_parser = crate::parse_duration)]
     renew_every: Option<Duration>,
-    /// How often a follower polls (default ttl/5).
+    /// How long a follower waits at most between attempts while the store fails (default
+    /// ttl/5).
     #[arg(long, env = "LEADER_RETRY_EVERY", value_parser = crate::parse_duration)]
     retry_every: Option<Duration>,
+    /// How often a follower reads the lease while the store answers: a graceful handover
+    /// takes up to one poll (default 500ms, at most ttl/5).
+    #[arg(long, env = "LEADER_POLL_EVERY", value_parser = crate::parse_duration)]
+    poll_every: Option<Duration>,
     /// This instance's id (default: hostname-pid-random).
     #[arg(long = "id", env = "LEADER_ID")]
     id: Option<String>,
@@ -200,7 +206,11 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     let url = store::parse(&args.store)?;
     let config = |e: ConfigError| Exit::new(exit::CONFIG, e.to_string());
     // The timing rules first, so that a bad --ttl is reported as such.
-    let planned = Timing::resolve(args.ttl, args.renew_every, args.retry_every, None, None);
+    let mut set = TimingOverrides::default();
+    set.renew_every = args.renew_every;
+    set.retry_every = args.retry_every;
+    set.poll_every = args.poll_every;
+    let planned = Timing::resolve(args.ttl, &set);
     planned.validate().map_err(config)?;
     let grace = check_grace(args.grace, &planned)?;
     let meta = metadata(&args.meta)?;

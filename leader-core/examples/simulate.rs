@@ -28,7 +28,7 @@ use leader_core::simulation::{Event, NegativeControl, SimConfig, liveness_bound,
 fn usage() -> ExitCode {
     eprintln!(
         "usage: simulate [--seeds N] [--first S] [--seed S] [--verbose] [--dump-failing]\n\
-         \x20               [--threads T] [--negative none|ignore-deadline|drift|unfenced|lazy-followers]\n\
+         \x20               [--threads T] [--negative none|ignore-deadline|drift|unfenced|lazy-followers|frozen-replica]\n\
          \x20               [--controls N] [--hashes FILE] [--out FILE]"
     );
     ExitCode::from(64)
@@ -41,6 +41,7 @@ fn name(n: NegativeControl) -> &'static str {
         NegativeControl::ExcessiveDrift => "drift",
         NegativeControl::UnfencedResource => "unfenced",
         NegativeControl::LazyFollowers => "lazy-followers",
+        NegativeControl::FrozenReplica => "frozen-replica",
     }
 }
 

@@ -222,6 +222,60 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
         Ok(found)
     }
 
+    /// Reads the record of `key` as a waiting follower does, as cheaply as the store allows:
+    /// [`IfChanged::Unchanged`] if its revision is still `known`, else what is there now.
+    ///
+    /// Followers call this every [`poll_every`](Timing::poll_every); [`read`](Self::read)
+    /// stays the read that a writer and `status` rely on. The default reads and compares.
+    ///
+    /// # Contract
+    /// Unlike `read`, this read may lag behind the latest write (an eventually consistent
+    /// replica, a cache that a store keeps fresh), as long as:
+    /// 1. **It never shows a revision before it was written.** Every revision it reports
+    ///    (`known`, by answering `Unchanged`, or the one of the record it returns) had been
+    ///    written when the answer left the store. Replication lag is fine; a guess is not.
+    /// 2. **It catches up.** A revision written and left alone is reported within a short
+    ///    time (the store's replication lag), so that followers see a release.
+    /// 3. **Expiry as in `read`.** A store that enforces expiry reports the state of the
+    ///    server lease as `read` does (a record whose lease is not active is released, with
+    ///    its own revision).
+    ///
+    /// Why a lagging read is safe: a follower starts its ttl for a revision when a response
+    /// first shows it, which by (1) is after the holder sent the write that made it, so the
+    /// holder's deadline for that write (`t_sent + ttl - margin`) has passed once the follower
+    /// has seen the revision unchanged for a ttl. A lag only makes a follower see a revision
+    /// later, or longer than it lasted; and every takeover is a conditional write on the
+    /// revision seen, which the store checks against its latest state, so a takeover based on
+    /// an old revision fails.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read changes nothing.
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let current = self.read(key).await?;
+        Ok(match (&current, known) {
+            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
+            _ => IfChanged::Changed(current),
+        })
+    }
+
+    /// Hints that the record of `key` may have changed, for a store that can tell (a file
+    /// system's change notifications, a watch): a waiting follower then reads at once instead
+    /// of at its next poll. `None` (the default) if the store cannot tell; followers poll.
+    ///
+    /// A hint is only a reason to read: the core decides on what it reads, and keeps polling
+    /// every [`poll_every`](Timing::poll_every) in case a hint is missed.
+    fn changes(&self, key: &LeaseKey) -> Option<Changes> {
+        let _ = key;
+        None
+    }
+
     /// Writes `request.record` if the record still matches `request.expected`.
     ///
     /// # Errors
@@ -231,6 +285,82 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
     /// # Cancel safety
     /// Not cancel-safe: a cancelled write may still be applied. Treat it as indeterminate.
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error>;
+}
+
+/// What [`LeaseBackend::read_if_changed`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IfChanged {
+    /// The record's revision is still the one the follower knows.
+    Unchanged,
+    /// The record now (`None`: there is none).
+    Changed(Option<Stored>),
+}
+
+/// Hints from a store that a lease record may have changed; see [`LeaseBackend::changes`].
+///
+/// Made with [`Changes::channel`]: the store keeps the [`ChangeNotifier`] and calls
+/// [`notify`](ChangeNotifier::notify) on a change, the core waits on
+/// [`changed`](Changes::changed). Whatever must live as long as the hints (a file watcher)
+/// goes in [`keep_alive`](Changes::keep_alive).
+pub struct Changes {
+    hints: tokio::sync::watch::Receiver<u64>,
+    _alive: Option<Box<dyn Send + Sync>>,
+}
+
+/// The store's end of [`Changes`].
+#[derive(Clone, Debug)]
+pub struct ChangeNotifier(std::sync::Arc<tokio::sync::watch::Sender<u64>>);
+
+impl ChangeNotifier {
+    /// Wakes every follower waiting on the [`Changes`] of this notifier.
+    pub fn notify(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Another [`Changes`] fed by this notifier.
+    pub fn subscribe(&self) -> Changes {
+        Changes {
+            hints: self.0.subscribe(),
+            _alive: None,
+        }
+    }
+}
+
+impl Changes {
+    /// A notifier and the hints it sends.
+    pub fn channel() -> (ChangeNotifier, Changes) {
+        let (tx, hints) = tokio::sync::watch::channel(0);
+        (
+            ChangeNotifier(std::sync::Arc::new(tx)),
+            Changes {
+                hints,
+                _alive: None,
+            },
+        )
+    }
+
+    /// Keeps `guard` alive as long as these hints.
+    #[must_use]
+    pub fn keep_alive(mut self, guard: impl Send + Sync + 'static) -> Self {
+        self._alive = Some(Box::new(guard));
+        self
+    }
+
+    /// Completes at the next hint after the last one seen; never, once the notifier is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn changed(&mut self) {
+        if self.hints.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl fmt::Debug for Changes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changes").finish_non_exhaustive()
+    }
 }
 
 /// The credentials of a fenced write: the lease, its holder and the holder's token.

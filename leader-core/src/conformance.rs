@@ -48,8 +48,8 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{
-    Expected, ExpiryModel, Fence, FencedCas, FencedPut, FencedStore, LeaseBackend, ObjectWrite,
-    WriteKind, WriteOutcome, WriteRequest,
+    Expected, ExpiryModel, Fence, FencedCas, FencedPut, FencedStore, IfChanged, LeaseBackend,
+    ObjectWrite, Revision, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
@@ -498,6 +498,147 @@ pub async fn release_then_acquire<H: Harness + ?Sized>(h: &H) -> Result<(), Fail
         g2.token,
         g1.token
     );
+    Ok(())
+}
+
+/// How long a follower's read may take to catch up with a write (the store's replication
+/// lag), in this suite.
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// Asks [`LeaseBackend::read_if_changed`] until `done` accepts an answer, within
+/// [`CATCH_UP`]; every answer before must pass `allowed` (it may lag, never invent).
+async fn read_until(
+    store: &dyn LeaseBackend,
+    case: &'static str,
+    key: &LeaseKey,
+    known: Option<&Revision>,
+    allowed: impl Fn(&IfChanged) -> bool,
+    done: impl Fn(&IfChanged) -> bool,
+    what: &str,
+) -> Result<IfChanged, Failure> {
+    let until = Instant::now() + CATCH_UP;
+    loop {
+        let seen = store
+            .read_if_changed(key, known)
+            .await
+            .ctx(case, "read_if_changed")?;
+        if done(&seen) {
+            return Ok(seen);
+        }
+        ensure!(allowed(&seen), case, "{what}: unexpected answer {seen:?}");
+        ensure!(
+            Instant::now() < until,
+            case,
+            "{what}: still {seen:?} after {CATCH_UP:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A follower's cheap read ([`LeaseBackend::read_if_changed`]) says `Unchanged` only for the
+/// revision that is there, catches up with an acquire and a release, shows a live lease as
+/// held and a released one as released, and never reports a revision that was not written.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn read_if_changed_follows_writes<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "read_if_changed_follows_writes";
+    let key = h.unique_key();
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let store = &*store;
+    let absent = |s: &IfChanged| matches!(s, IfChanged::Changed(None));
+    read_until(store, CASE, &key, None, |_| false, absent, "a fresh key").await?;
+    let made_up = Revision::new("no-such-revision");
+    read_until(
+        store,
+        CASE,
+        &key,
+        Some(&made_up),
+        |_| false,
+        absent,
+        "a fresh key, made-up revision",
+    )
+    .await?;
+
+    let mut a = client(h, CASE, &key, "a").await?;
+    acquire(&mut a, CASE, "a").await?;
+    let held = store
+        .read(&key)
+        .await
+        .ctx(CASE, "read")?
+        .ok_or_else(|| fail(CASE, "no record after acquire"))?;
+    let is = |rev: &Revision| {
+        let rev = rev.clone();
+        move |s: &IfChanged| matches!(s, IfChanged::Changed(Some(x)) if x.revision == rev)
+    };
+    // Before it catches up, the read may show the key absent; nothing else.
+    let seen = read_until(
+        store,
+        CASE,
+        &key,
+        None,
+        absent,
+        is(&held.revision),
+        "after an acquire",
+    )
+    .await?;
+    if let IfChanged::Changed(Some(s)) = &seen {
+        ensure!(
+            s.record.is_held() && s.record.holder == *a.holder(),
+            CASE,
+            "the acquired record must read as held by a: {s:?}"
+        );
+    }
+    let unchanged = |s: &IfChanged| matches!(s, IfChanged::Unchanged);
+    read_until(
+        store,
+        CASE,
+        &key,
+        Some(&held.revision),
+        |_| false,
+        unchanged,
+        "known revision",
+    )
+    .await?;
+    // A revision that was never written is never 'unchanged'.
+    read_until(
+        store,
+        CASE,
+        &key,
+        Some(&made_up),
+        |_| false,
+        is(&held.revision),
+        "made-up revision",
+    )
+    .await?;
+
+    ensure!(
+        a.release().await.ctx(CASE, "release")?,
+        CASE,
+        "release must succeed"
+    );
+    let released = store
+        .read(&key)
+        .await
+        .ctx(CASE, "read")?
+        .ok_or_else(|| fail(CASE, "no record after release"))?;
+    let seen = read_until(
+        store,
+        CASE,
+        &key,
+        Some(&held.revision),
+        unchanged,
+        is(&released.revision),
+        "after a release",
+    )
+    .await?;
+    if let IfChanged::Changed(Some(s)) = &seen {
+        ensure!(
+            !s.record.is_held(),
+            CASE,
+            "the released record must read as released: {s:?}"
+        );
+    }
     Ok(())
 }
 
@@ -959,7 +1100,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($then)*;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, fenced_put_needs_the_revision_it_read,
-            malformed_record_is_reported_and_kept,
+            malformed_record_is_reported_and_kept, read_if_changed_follows_writes,
             token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
     };
     (@run $h:ident; $($case:ident),* $(,)?) => {

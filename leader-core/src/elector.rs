@@ -10,10 +10,10 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::backend::{Fence, LeaseBackend};
+use crate::backend::{Changes, Fence, LeaseBackend};
 use crate::call::Backoff;
 use crate::clock::Anchor;
-use crate::config::{ClockRate, Timing};
+use crate::config::{ClockRate, Timing, TimingOverrides};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 use crate::model::{FencingToken, HolderId, LeaseKey, Metadata};
@@ -112,10 +112,7 @@ pub struct ElectorBuilder {
     holder: Option<HolderId>,
     metadata: Metadata,
     ttl: Duration,
-    renew_every: Option<Duration>,
-    retry_every: Option<Duration>,
-    margin: Option<Duration>,
-    request_timeout: Option<Duration>,
+    set: TimingOverrides,
     seed: Option<u64>,
     clock: ClockRate,
 }
@@ -129,36 +126,47 @@ impl ElectorBuilder {
 
     /// How often the leader renews (default `ttl / 3`).
     pub fn renew_every(mut self, d: Duration) -> Self {
-        self.renew_every = Some(d);
+        self.set.renew_every = Some(d);
         self
     }
 
-    /// How often a follower polls (default `ttl / 5`).
+    /// How long a follower waits at most between attempts while the store fails (default
+    /// `ttl / 5`).
     pub fn retry_every(mut self, d: Duration) -> Self {
-        self.retry_every = Some(d);
+        self.set.retry_every = Some(d);
+        self
+    }
+
+    /// How often a follower reads the record while the store answers (default 500 ms, at most
+    /// `ttl / 5`); see [`Timing::poll_every`].
+    pub fn poll_every(mut self, d: Duration) -> Self {
+        self.set.poll_every = Some(d);
         self
     }
 
     /// How long before its lease could expire the leader stops acting (default the larger of
     /// `ttl / 10` and `2 x request_timeout`).
     pub fn margin(mut self, d: Duration) -> Self {
-        self.margin = Some(d);
+        self.set.margin = Some(d);
         self
     }
 
     /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
     pub fn request_timeout(mut self, d: Duration) -> Self {
-        self.request_timeout = Some(d);
+        self.set.request_timeout = Some(d);
         self
     }
 
     /// Sets every duration at once.
     pub fn timing(mut self, timing: Timing) -> Self {
         self.ttl = timing.ttl;
-        self.renew_every = Some(timing.renew_every);
-        self.retry_every = Some(timing.retry_every);
-        self.margin = Some(timing.margin);
-        self.request_timeout = Some(timing.request_timeout);
+        self.set = TimingOverrides {
+            renew_every: Some(timing.renew_every),
+            retry_every: Some(timing.retry_every),
+            poll_every: Some(timing.poll_every),
+            margin: Some(timing.margin),
+            request_timeout: Some(timing.request_timeout),
+        };
         self
     }
 
@@ -190,13 +198,7 @@ impl ElectorBuilder {
 
     /// The timing these settings give.
     pub fn resolved_timing(&self) -> Timing {
-        Timing::resolve(
-            self.ttl,
-            self.renew_every,
-            self.retry_every,
-            self.margin,
-            self.request_timeout,
-        )
+        Timing::resolve(self.ttl, &self.set)
     }
 
     /// Validates the settings and builds the elector.
@@ -260,10 +262,7 @@ impl Elector {
             holder: None,
             metadata: Metadata::new(),
             ttl: Timing::DEFAULT_TTL,
-            renew_every: None,
-            retry_every: None,
-            margin: None,
-            request_timeout: None,
+            set: TimingOverrides::default(),
             seed: None,
             clock: ClockRate(1.0),
         }
@@ -300,7 +299,9 @@ impl Elector {
             holder: self.client.holder().clone(),
         });
         let span = info_span!("elector", key = %shared.key, holder = %shared.holder);
+        let changes = self.client.changes();
         let driver = Driver {
+            changes,
             client: self.client,
             timing: self.timing,
             clock: self.clock,
@@ -676,6 +677,16 @@ struct Driver {
     shared: Arc<Shared>,
     commands: mpsc::Receiver<Command>,
     cooldown_until: Option<Instant>,
+    /// The store's change hints for the key, if it gives them.
+    changes: Option<Changes>,
+}
+
+/// The next change hint, or never if the store gives none.
+async fn next_change(changes: &mut Option<Changes>) {
+    match changes {
+        Some(c) => c.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Driver {
@@ -711,6 +722,7 @@ impl Driver {
     /// Campaigns until this candidate holds the lease or shutdown begins.
     async fn follow(&mut self) -> FollowEnd {
         let retry = self.real(self.timing.retry_every);
+        let poll = self.real(self.timing.poll_every);
         let mut backoff = Backoff::new(retry / 4, retry).pauses();
         let mut failing = false;
         loop {
@@ -751,7 +763,7 @@ impl Driver {
                     }
                     backoff.reset();
                     self.shared.publish(Leadership::Follower { leader });
-                    let poll = Instant::now() + self.rng.duration(retry * 4 / 5, retry);
+                    let poll = Instant::now() + self.rng.duration(poll, poll * 11 / 10);
                     takeover_at.map_or(poll, |t| t.min(poll))
                 }
                 Err(e) if is_permanent(&e) => {
@@ -780,6 +792,10 @@ impl Driver {
                         None => return FollowEnd::Shutdown,
                     },
                     _ = sleep_until(next) => break,
+                    () = next_change(&mut self.changes) => {
+                        debug!("the store reports a change; reading now");
+                        break;
+                    }
                 }
             }
         }

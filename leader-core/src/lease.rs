@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backend::{
-    Expected, ExpiryModel, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
+    Expected, ExpiryModel, IfChanged, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::call::within;
 use crate::config::{ClockRate, Timing};
@@ -83,9 +83,10 @@ pub enum Renewal {
     Expired,
 }
 
+/// The record a follower last saw, and when a response first showed its revision.
 #[derive(Clone, Debug)]
 struct Observation {
-    revision: crate::model::Revision,
+    stored: Stored,
     first_seen: Instant,
 }
 
@@ -182,6 +183,11 @@ impl LeaseClient {
         &self.holder
     }
 
+    /// The store's change hints for this key ([`LeaseBackend::changes`]).
+    pub(crate) fn changes(&self) -> Option<crate::backend::Changes> {
+        self.backend.changes(&self.key)
+    }
+
     /// The timing in force.
     pub fn timing(&self) -> &Timing {
         &self.timing
@@ -225,18 +231,46 @@ impl LeaseClient {
         self.highest_seen = self.highest_seen.max(stored.record.token);
     }
 
-    async fn read(&mut self) -> Result<Option<Stored>, Error> {
+    /// Reads the record the cheap way ([`LeaseBackend::read_if_changed`], given the revision
+    /// last seen) and notes what it shows. Returns the record and the local time the answer
+    /// was received.
+    async fn look(&mut self) -> Result<(Option<Stored>, Instant), Error> {
         let limit = self.request_timeout();
-        let result = within(limit, self.backend.read(&self.key))
-            .await
-            .map_err(|_| Error::Timeout {
-                operation: "reading the lease record",
-                after: self.timing.request_timeout,
-            })??;
-        if let Some(stored) = &result {
-            self.note(stored);
+        let known = self.observed.as_ref().map(|o| o.stored.revision.clone());
+        let found = within(
+            limit,
+            self.backend.read_if_changed(&self.key, known.as_ref()),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            operation: "reading the lease record",
+            after: self.timing.request_timeout,
+        })??;
+        let received = Instant::now();
+        let current = match found {
+            IfChanged::Unchanged => match &self.observed {
+                Some(o) => Some(o.stored.clone()),
+                None => {
+                    return Err(Error::Backend {
+                        message: format!(
+                            "the store answered 'unchanged' for {} although no revision was \
+                             known (a bug in the backend's read_if_changed)",
+                            self.key
+                        ),
+                        source: None,
+                    });
+                }
+            },
+            IfChanged::Changed(current) => current,
+        };
+        match &current {
+            Some(stored) => {
+                self.note(stored);
+                self.observe_revision(stored, received);
+            }
+            None => self.observed = None,
         }
-        Ok(result)
+        Ok((current, received))
     }
 
     async fn read_for_term(&mut self, term: TermId) -> Result<Option<Stored>, Error> {
@@ -253,7 +287,9 @@ impl LeaseClient {
         Ok(result)
     }
 
-    /// Reads the record as a follower does, updating what this client has observed.
+    /// Reads the record as a follower does ([`LeaseBackend::read_if_changed`]: the store's
+    /// cheapest read, which may lag its latest write by the store's replication lag),
+    /// updating what this client has observed.
     ///
     /// # Errors
     /// Any [`Error`] of the read, [`Error::Timeout`] after the request timeout.
@@ -261,22 +297,20 @@ impl LeaseClient {
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn observe(&mut self) -> Result<Option<Stored>, Error> {
-        let current = self.read().await?;
-        let received = Instant::now();
-        if let Some(s) = &current {
-            self.observe_revision(s, received);
-        }
-        Ok(current)
+        Ok(self.look().await?.0)
     }
 
     /// Records that `stored` was seen at `received`, and returns since when this revision has
     /// been seen unchanged.
     fn observe_revision(&mut self, stored: &Stored, received: Instant) -> Instant {
-        match &self.observed {
-            Some(o) if o.revision == stored.revision => o.first_seen,
+        match &mut self.observed {
+            Some(o) if o.stored.revision == stored.revision => {
+                o.stored = stored.clone();
+                o.first_seen
+            }
             _ => {
                 self.observed = Some(Observation {
-                    revision: stored.revision.clone(),
+                    stored: stored.clone(),
                     first_seen: received,
                 });
                 received
@@ -315,8 +349,7 @@ impl LeaseClient {
             return Ok(Acquisition::Acquired(grant));
         }
         self.held = None;
-        let current = self.read().await?;
-        let received = Instant::now();
+        let (current, received) = self.look().await?;
         let Some(current) = current else {
             let token = self.next_token(None)?;
             return self.acquire_write(Expected::Absent, token).await;
@@ -334,15 +367,14 @@ impl LeaseClient {
             return self.acquire_write(expected, token).await;
         }
         if self.backend.expiry_model() == ExpiryModel::EnforcedByStore {
-            return match self.acquire_write(expected, token).await? {
-                Acquisition::Following { leader: None, .. } => Ok(Acquisition::Following {
-                    leader: ObservedLeader::of(&current.record),
-                    takeover_at: None,
-                }),
-                other => Ok(other),
-            };
+            // The store reports the record held only while its server lease is active: no
+            // write could succeed before the store reports it free.
+            return Ok(Acquisition::Following {
+                leader: ObservedLeader::of(&current.record),
+                takeover_at: None,
+            });
         }
-        let first_seen = self.observe_revision(&current, received);
+        let first_seen = self.observed.as_ref().map_or(received, |o| o.first_seen);
         let takeover_at = first_seen + self.clock.real(current.record.ttl);
         if received >= takeover_at {
             info!(

@@ -75,7 +75,7 @@ pub mod simulation;
 pub mod tls;
 
 pub use backend::{Fence, FencedObject, FencedStore, LeaseBackend};
-pub use config::Timing;
+pub use config::{Timing, TimingOverrides};
 pub use elector::{
     Elector, ElectorBuilder, ElectorHandle, ElectorTask, Leadership, Problem, Stopped, Term,
 };

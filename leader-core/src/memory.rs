@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use crate::backend::{
-    FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind, WriteOutcome,
-    WriteRequest,
+    ChangeNotifier, Changes, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored,
+    WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::error::Error;
 use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
@@ -35,9 +35,22 @@ impl State {
 /// malformed record behaves as it would in a real store. Revisions come from a counter and are
 /// never reused. Tokens survive deletion: the highest token of each key is kept apart from
 /// its record.
-#[derive(Clone, Debug, Default)]
+///
+/// It tells waiting followers of every change ([`LeaseBackend::changes`]), as a watch of a
+/// coordination service would.
+#[derive(Clone, Debug)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    notifier: ChangeNotifier,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            notifier: Changes::channel().0,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -60,12 +73,15 @@ impl MemoryStore {
         state
             .leases
             .insert(key.as_str().to_owned(), (bytes, revision));
+        drop(state);
+        self.notifier.notify();
     }
 
     /// Deletes the record of `key`, as an operator might. The key's highest token is kept, so
     /// the next term's token is still above every earlier one.
     pub fn delete(&self, key: &LeaseKey) {
         self.lock().leases.remove(key.as_str());
+        self.notifier.notify();
     }
 
     fn decode(key: &str, bytes: &[u8], revision: &Revision) -> Result<Stored, Error> {
@@ -113,7 +129,13 @@ impl LeaseBackend for MemoryStore {
         state
             .leases
             .insert(key.to_owned(), (record.to_json(), revision.clone()));
+        drop(state);
+        self.notifier.notify();
         Ok(WriteOutcome::Written(Stored { record, revision }))
+    }
+
+    fn changes(&self, _key: &LeaseKey) -> Option<Changes> {
+        Some(self.notifier.subscribe())
     }
 }
 

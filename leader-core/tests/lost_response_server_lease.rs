@@ -49,6 +49,8 @@ struct Lease {
 struct ServerLeaseDouble {
     records: MemoryStore,
     lease: Mutex<Lease>,
+    /// Every write asked for, applied or not.
+    writes_asked: std::sync::atomic::AtomicUsize,
 }
 
 /// The revision of the underlying record, without what the double appends.
@@ -98,6 +100,8 @@ impl LeaseBackend for ServerLeaseDouble {
     }
 
     async fn write(&self, mut request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.writes_asked
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let live = self.live_holder();
         let allowed = match request.kind {
             WriteKind::Acquire => live.is_none() || live == Some(request.term),
@@ -192,6 +196,31 @@ async fn a_lost_acquire_with_the_lease_still_ours_is_a_term() {
     assert_eq!(acquired(&mut a).await, FencingToken(1));
     let mut b = client(store.clone(), "b");
     no_term(&mut b, "b while a holds the lease").await;
+}
+
+/// A follower of a store that enforces expiry only reads while the server lease is live (a
+/// write could not succeed), and takes the lease once the store reports it free.
+#[tokio::test(start_paused = true)]
+async fn a_follower_writes_nothing_while_the_server_lease_is_live() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = Arc::new(ServerLeaseDouble::default());
+    let mut a = client(store.clone(), "a");
+    assert_eq!(acquired(&mut a).await, FencingToken(1));
+    let asked = store.writes_asked.load(SeqCst);
+    let mut b = client(store.clone(), "b");
+    for _ in 0..20 {
+        no_term(&mut b, "b while a holds the lease").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        store.writes_asked.load(SeqCst),
+        asked,
+        "b wrote while a's lease was live"
+    );
+    // a stops renewing: the server lease runs out and b takes it with its first write.
+    tokio::time::sleep(TTL).await;
+    assert_eq!(acquired(&mut b).await, FencingToken(2));
+    assert_eq!(store.writes_asked.load(SeqCst), asked + 1);
 }
 
 #[tokio::test(start_paused = true)]

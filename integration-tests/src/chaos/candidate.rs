@@ -56,6 +56,7 @@ impl CandidateArgs {
             format!("margin_ms={}", ms(self.timing.margin)),
             format!("write_ms={}", ms(self.write_every)),
             format!("act_ms={}", ms(self.act_delay)),
+            format!("poll_ms={}", ms(self.timing.poll_every)),
         ]
     }
 
@@ -66,8 +67,8 @@ impl CandidateArgs {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
         let mut backend = None;
         let (mut endpoint, mut place, mut key, mut id) = (None, None, None, None);
-        let mut ms: [Option<u64>; 7] = [None; 7];
-        const MS: [&str; 7] = [
+        let mut ms: [Option<u64>; 8] = [None; 8];
+        const MS: [&str; 8] = [
             "ttl_ms",
             "renew_ms",
             "retry_ms",
@@ -75,6 +76,7 @@ impl CandidateArgs {
             "margin_ms",
             "write_ms",
             "act_ms",
+            "poll_ms",
         ];
         for arg in args {
             let Some((name, value)) = arg.split_once('=') else {
@@ -114,6 +116,7 @@ impl CandidateArgs {
             (ms[2], &mut timing.retry_every),
             (ms[3], &mut timing.request_timeout),
             (ms[4], &mut timing.margin),
+            (ms[7], &mut timing.poll_every),
         ] {
             if let Some(v) = slot {
                 *field = d(v);

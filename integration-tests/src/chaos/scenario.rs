@@ -26,7 +26,7 @@ pub enum Scenario {
     Stall,
     /// 30 % of requests answered 503 for a while: no invariant breaks, a leader afterwards.
     Throttle,
-    /// SIGTERM the leader: handover within `retry_every` (+ slack).
+    /// SIGTERM the leader: handover within one poll, `1.1 x poll_every` (+ slack).
     Term,
     /// 20 % of requests applied by the store with their answer dropped, for a while: writes of
     /// unknown outcome everywhere; no invariant breaks, a leader afterwards.
@@ -81,7 +81,7 @@ impl Scenario {
                 Some(t.ttl + t.retry_every + SLACK)
             }
             Scenario::Stall => Some(t.ttl + t.retry_every * 2 + SLACK),
-            Scenario::Term => Some(t.retry_every + SLACK),
+            Scenario::Term => Some(t.poll_every.mul_f64(1.1) + SLACK),
             Scenario::Throttle | Scenario::Lossy | Scenario::Late => None,
         }
     }

@@ -70,6 +70,7 @@ pub(super) fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Run
     };
     let mut timing = world.config.timing;
     if world.config.negative == NegativeControl::LazyFollowers {
+        timing.poll_every = timing.ttl * 2;
         timing.retry_every = timing.ttl * 2;
     }
     let elector = Elector::builder(process.clone(), LeaseKey::new("sim").ok()?)

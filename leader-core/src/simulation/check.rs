@@ -221,20 +221,25 @@ impl Gap {
     }
 }
 
-/// The longest healthy stretch a gap may contain: `ttl + retry_every + 2 x request_timeout +
-/// 4 x latency`, scaled for drift, plus 50 ms.
+/// The longest healthy stretch a gap may contain: `ttl + max(retry_every, 1.1 x poll_every) +
+/// replica_lag + 2 x request_timeout + 4 x latency`, scaled for drift, plus 50 ms.
 ///
 /// Why it suffices: a candidate that is up, not frozen and not partitioned from instant `a`
 /// has read the record by `a + request_timeout + retry_every` (+ latency) at the latest (a
 /// request hung by a partition times out, then backoff is capped at `retry_every`); if the
 /// record then stays unchanged it takes over `ttl` later on its own clock, with one read and
-/// one write. A record that changes meanwhile is a new term (which ends the gap), a release
+/// one write; followers read a replica that may lag by `replica_lag`, so the last write may be
+/// seen that much later. A record that changes meanwhile is a new term (which ends the gap), a release
 /// (taken over at once), a renew that left just before its sender's deadline (within a
 /// request of the gap's start), or a write delivered late (the store is not healthy while it
 /// holds one).
 pub fn liveness_bound(config: &SimConfig) -> Duration {
     let t = config.timing;
-    (t.ttl + t.retry_every + t.request_timeout * 2 + config.base_latency * 4)
+    (t.ttl
+        + t.retry_every.max(t.poll_every.mul_f64(1.1))
+        + config.replica_lag
+        + t.request_timeout * 2
+        + config.base_latency * 4)
         .mul_f64(1.0 + 2.0 * config.max_drift)
         + Duration::from_millis(50)
 }

@@ -10,8 +10,8 @@ use tokio::time::{Instant, sleep};
 
 use crate::backend::ExpiryModel;
 use crate::backend::{
-    FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteOutcome,
-    WriteRequest,
+    Changes, FencedCas, FencedObject, FencedPut, IfChanged, LeaseBackend, ObjectWrite, Revision,
+    Stored, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
@@ -355,6 +355,19 @@ impl<S: LeaseBackend + 'static> LeaseBackend for FaultyStore<S> {
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         self.read_through(self.inner.read(key)).await
+    }
+
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        self.read_through(self.inner.read_if_changed(key, known))
+            .await
+    }
+
+    fn changes(&self, key: &LeaseKey) -> Option<Changes> {
+        self.inner.changes(key)
     }
 
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {

@@ -52,8 +52,8 @@ use world::*;
 use crate::FencingToken;
 use crate::backend::ExpiryModel;
 use crate::backend::{
-    Expected, FencedCas, FencedObject, FencedPut, FencedStore, LeaseBackend, ObjectWrite, Stored,
-    WriteKind, WriteOutcome, WriteRequest,
+    Changes, Expected, FencedCas, FencedObject, FencedPut, FencedStore, IfChanged, LeaseBackend,
+    ObjectWrite, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::elector::{Elector, ElectorHandle, Leadership, Term};
@@ -76,18 +76,23 @@ pub enum NegativeControl {
     /// The protected resource ignores fencing tokens: it accepts every write that reaches
     /// it, so a deposed leader's write that arrives late overwrites its successor's.
     UnfencedResource,
-    /// Followers poll every `2 x ttl` instead of `retry_every`: leadership is taken over
+    /// Followers poll every `2 x ttl` instead of `poll_every`: leadership is taken over
     /// late.
     LazyFollowers,
+    /// The replica that answers followers' reads ([`LeaseBackend::read_if_changed`]) stops
+    /// catching up a quarter into the run: followers keep seeing an old record, so a release
+    /// or an expiry is not taken over. Caught only if followers really read through it.
+    FrozenReplica,
 }
 
 impl NegativeControl {
     /// Every planted bug.
-    pub const ALL: [NegativeControl; 4] = [
+    pub const ALL: [NegativeControl; 5] = [
         NegativeControl::IgnoreDeadline,
         NegativeControl::ExcessiveDrift,
         NegativeControl::UnfencedResource,
         NegativeControl::LazyFollowers,
+        NegativeControl::FrozenReplica,
     ];
 }
 
@@ -115,6 +120,14 @@ pub struct SimConfig {
     /// Late writes are held for a time uniform in this range (the low end above the request
     /// timeout plus a re-read).
     pub hold: (Duration, Duration),
+    /// Followers' reads ([`LeaseBackend::read_if_changed`]) are answered by a replica that
+    /// lags: each read shows the record as it was at an instant drawn uniformly from the last
+    /// `replica_lag` (so successive reads may even go back in time), like an eventually
+    /// consistent read of DynamoDB. Writes and the reads of a writer stay linearizable.
+    pub replica_lag: Duration,
+    /// The store hints followers of every change ([`LeaseBackend::changes`]), as the memory
+    /// and file stores do; otherwise followers only poll.
+    pub change_hints: bool,
     /// A planted bug, or none.
     pub negative: NegativeControl,
 }
@@ -122,7 +135,7 @@ pub struct SimConfig {
 impl SimConfig {
     /// Three candidates for 60 simulated seconds with a 2 s ttl, 1 % drift, up to 10 ms
     /// latency each way, 3 % of lease writes and 10 % of fenced writes delivered 0.5 s to 3 s
-    /// late.
+    /// late, followers reading a replica up to 300 ms behind, and change hints on odd seeds.
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
@@ -134,6 +147,8 @@ impl SimConfig {
             late_writes: 0.03,
             late_fenced_writes: 0.1,
             hold: (Duration::from_millis(500), Duration::from_secs(3)),
+            replica_lag: Duration::from_millis(300),
+            change_hints: seed % 2 == 1,
             negative: NegativeControl::None,
         }
     }
@@ -414,6 +429,7 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
         global: global.clone(),
         resource,
         leaders: Mutex::new(BTreeMap::new()),
+        replica: Mutex::new(Replica::new(config.seed)),
         config: config.clone(),
     });
     let ttl = config.timing.ttl;

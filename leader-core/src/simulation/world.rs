@@ -12,7 +12,48 @@ pub(super) struct World {
     /// Store-wide faults of fenced writes only (their own rate of late delivery).
     pub(super) resource: Arc<FaultControl>,
     pub(super) leaders: Mutex<BTreeMap<Cand, u64>>,
+    /// What followers' lagging reads see.
+    pub(super) replica: Mutex<Replica>,
     pub(super) config: SimConfig,
+}
+
+/// The lease record's history, for reads answered by a lagging replica: each applied write,
+/// with the instant it was applied.
+pub(super) struct Replica {
+    history: std::collections::VecDeque<(Instant, Option<Stored>)>,
+    rng: Rng,
+}
+
+impl Replica {
+    pub(super) fn new(seed: u64) -> Self {
+        Self {
+            history: std::collections::VecDeque::from([(Instant::now(), None)]),
+            rng: Rng::seeded(seed ^ 0x7e91_1ca5),
+        }
+    }
+
+    /// Records that `stored` was applied now; forgets what no read can show any more.
+    fn applied(&mut self, stored: Stored, lag: Duration) {
+        let now = Instant::now();
+        self.history.push_back((now, Some(stored)));
+        while self.history.len() > 1 && self.history[1].0 + lag < now {
+            self.history.pop_front();
+        }
+    }
+
+    /// The record as it was at an instant up to `lag` ago: never a write before it was
+    /// applied.
+    fn read(&mut self, lag: Duration) -> Option<Stored> {
+        let at = Instant::now()
+            .checked_sub(self.rng.duration(Duration::ZERO, lag))
+            .unwrap_or_else(Instant::now);
+        self.history
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .or(self.history.front())
+            .and_then(|(_, s)| s.clone())
+    }
 }
 
 impl World {
@@ -193,6 +234,18 @@ impl LeaseBackend for Process {
         self.store.read(key).await
     }
 
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        self.store.read_if_changed(key, known).await
+    }
+
+    fn changes(&self, key: &LeaseKey) -> Option<Changes> {
+        self.store.changes(key)
+    }
+
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
         let outcome = self.store.write(request).await;
         let pause = match outcome {
@@ -228,6 +281,27 @@ impl LeaseBackend for Recorder {
         self.0.store.read(key).await
     }
 
+    /// Answered by the lagging replica (the simulation has one key).
+    async fn read_if_changed(
+        &self,
+        _key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let seen = lock(&self.0.replica).read(self.0.config.replica_lag);
+        Ok(match (&seen, known) {
+            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
+            _ => IfChanged::Changed(seen),
+        })
+    }
+
+    fn changes(&self, key: &LeaseKey) -> Option<Changes> {
+        if self.0.config.change_hints {
+            self.0.store.changes(key)
+        } else {
+            None
+        }
+    }
+
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
         let acquire = request.kind == WriteKind::Acquire;
         let cand = request
@@ -237,6 +311,13 @@ impl LeaseBackend for Recorder {
             .strip_prefix("cand-")
             .and_then(|c| c.parse().ok());
         let outcome = self.0.store.write(request).await;
+        if let Ok(WriteOutcome::Written(stored)) = &outcome {
+            let frozen = self.0.config.negative == NegativeControl::FrozenReplica
+                && self.0.now() > self.0.config.duration / 4;
+            if !frozen {
+                lock(&self.0.replica).applied(stored.clone(), self.0.config.replica_lag);
+            }
+        }
         if let (true, Some(cand), Ok(WriteOutcome::Written(stored))) = (acquire, cand, &outcome) {
             self.0.log(Event::Applied {
                 cand,
