@@ -18,7 +18,7 @@ use aws_sdk_dynamodb::types::{
 };
 use leader_core::backend::{Backoff, Call, FencedCas, FencedPut, ObjectWrite, Rng, call_deadline};
 use leader_core::backend::{
-    Expected, LeaseRecord, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
+    Expected, IfChanged, LeaseRecord, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
 use leader_core::{Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName};
 use tokio::time::Instant;
@@ -204,7 +204,16 @@ impl DynamoStore {
         )
     }
 
+    /// A strongly consistent `GetItem` (1 read unit for an item up to 4 KB).
     async fn get(&self, pk: (String, AttributeValue)) -> Result<Option<Item>, Error> {
+        self.get_item(pk, Consistency::Strong).await
+    }
+
+    async fn get_item(
+        &self,
+        pk: (String, AttributeValue),
+        consistency: Consistency,
+    ) -> Result<Option<Item>, Error> {
         self.call(Op::Read)
             .run(|left| {
                 let pk = pk.clone();
@@ -213,7 +222,7 @@ impl DynamoStore {
                         .get_item()
                         .table_name(&self.ctx.table)
                         .key(pk.0, pk.1)
-                        .consistent_read(true)
+                        .consistent_read(consistency == Consistency::Strong)
                         .customize()
                         .config_override(Self::attempt_config(left))
                         .send()
@@ -225,8 +234,14 @@ impl DynamoStore {
             .await
     }
 
-    async fn read_lease(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        let item = self.get(self.pk(LEASE_PREFIX, key.as_str())).await?;
+    async fn read_lease(
+        &self,
+        key: &LeaseKey,
+        consistency: Consistency,
+    ) -> Result<Option<Stored>, Error> {
+        let item = self
+            .get_item(self.pk(LEASE_PREFIX, key.as_str()), consistency)
+            .await?;
         item.map(|item| parse_lease(key.as_str(), &item))
             .transpose()
     }
@@ -580,10 +595,36 @@ impl DynamoStore {
     }
 }
 
+/// How a `GetItem` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Consistency {
+    /// The latest write (`ConsistentRead`), 1 read unit per 4 KB.
+    Strong,
+    /// A replica that may lag by up to about a second, half a read unit per 4 KB.
+    Eventual,
+}
+
 #[async_trait]
 impl LeaseBackend for DynamoStore {
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        self.read_lease(key).await
+        self.read_lease(key, Consistency::Strong).await
+    }
+
+    /// An eventually consistent `GetItem`: half a read unit where `read` costs one, and
+    /// safe for followers by the contract (a replica may lag, but shows only writes that were
+    /// made; every takeover is a conditional write that DynamoDB checks on the latest item).
+    /// The whole item is read: DynamoDB rounds a read up to 4 KB, and a lease item is far
+    /// below, so a projection would save no read units.
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let current = self.read_lease(key, Consistency::Eventual).await?;
+        Ok(match (&current, known) {
+            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
+            _ => IfChanged::Changed(current),
+        })
     }
 
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {

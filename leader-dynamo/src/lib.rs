@@ -83,8 +83,12 @@
 //! Requests, per lease key: an acquire is a consistent `GetItem` and one
 //! `TransactWriteItems` of two items (2 write units each, 4 in all, where a plain
 //! `UpdateItem` costs 1), plus one more transaction right after the lease item was deleted;
-//! a renew or a release is one `UpdateItem` (1 write unit); a follower's poll is one
-//! consistent `GetItem`.
+//! a renew or a release is one `UpdateItem` (1 write unit); a waiting follower's poll (every
+//! 500 ms by default) is one *eventually consistent* `GetItem` (half a read unit): about
+//! 7,000 polls, 3,500 read units an hour. That is safe although a replica may lag: a follower
+//! starts its ttl for a revision when a response first shows it, which is after the write
+//! that made it was sent, and its takeover is a conditional write that DynamoDB checks
+//! against the latest item.
 //!
 //! # What an operator may delete
 //!

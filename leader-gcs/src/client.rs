@@ -13,8 +13,8 @@ use leader_core::backend::{
     Backoff, Call, FencedCas, FencedPut, ObjectWrite, decode_fenced, encode_fenced,
 };
 use leader_core::backend::{
-    Expected, LeaseRecord, LeaseState, Revision, Stored, WriteKind, WriteNonce, WriteOutcome,
-    WriteRequest,
+    Expected, IfChanged, LeaseRecord, LeaseState, Revision, Stored, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
 };
 use leader_core::{
     ConfigError, Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName, Timing,
@@ -108,30 +108,60 @@ impl<S: Stub + 'static> GcsStore<S> {
         }
     }
 
-    async fn get_once(&self, object: &str) -> Result<(Vec<u8>, i64), SdkError> {
-        let mut response = self
-            .storage
-            .read_object(&self.bucket_path, object)
-            .send()
-            .await?;
+    /// Downloads an object and its generation; with `unless`, only if its generation is not
+    /// that one (`ifGenerationNotMatch`), else `Ok(None)`.
+    async fn get_once(
+        &self,
+        object: &str,
+        unless: Option<i64>,
+    ) -> Result<Option<(Vec<u8>, i64)>, SdkError> {
+        let mut read = self.storage.read_object(&self.bucket_path, object);
+        if let Some(generation) = unless {
+            read = read.set_if_generation_not_match(generation);
+        }
+        let mut response = match read.send().await {
+            Ok(response) => response,
+            // GCS answers 304 when the generation is still `unless`; 412 is how a failed
+            // precondition reads elsewhere, and this read has no other precondition.
+            Err(e) if unless.is_some() && matches!(e.http_status_code(), Some(304 | 412)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         let generation = response.object().generation;
+        if unless == Some(generation) {
+            // A server that ignores the precondition sent the object anyway.
+            return Ok(None);
+        }
         let mut body = Vec::new();
         while let Some(chunk) = response.next().await.transpose()? {
             body.extend_from_slice(&chunk);
         }
-        Ok((body, generation))
+        Ok(Some((body, generation)))
     }
 
     /// Reads an object's body and generation; `None` if it does not exist. Throttling and
     /// transient failures are retried within the request timeout.
     async fn get(&self, object: &str) -> Result<Option<(Vec<u8>, i64)>, Error> {
+        Ok(match self.get_unless(object, None).await? {
+            Found::Object(body, generation) => Some((body, generation)),
+            Found::Absent | Found::Unchanged => None,
+        })
+    }
+
+    /// Reads an object unless its generation is still `unless`; throttling and transient
+    /// failures are retried within the request timeout.
+    async fn get_unless(&self, object: &str, unless: Option<i64>) -> Result<Found, Error> {
         let request = self.request(object, false);
         Call::read("reading a GCS object")
             .with_backoff(BACKOFF)
             .run(|_| async move {
-                match self.get_once(object).await {
-                    Ok(found) => Ok(Some(found)),
-                    Err(e) if Class::of(&e) == Class::NotFound && !bucket_missing(&e) => Ok(None),
+                match self.get_once(object, unless).await {
+                    Ok(Some((body, generation))) => Ok(Found::Object(body, generation)),
+                    Ok(None) => Ok(Found::Unchanged),
+                    Err(e) if Class::of(&e) == Class::NotFound && !bucket_missing(&e) => {
+                        Ok(Found::Absent)
+                    }
                     Err(e) => Err(map_error(e, request)),
                 }
             })
@@ -210,6 +240,16 @@ impl<S: Stub + 'static> GcsStore<S> {
     }
 }
 
+/// What a read found.
+enum Found {
+    /// The generation is still the one the reader knows.
+    Unchanged,
+    /// No such object.
+    Absent,
+    /// The object's body and generation.
+    Object(Vec<u8>, i64),
+}
+
 fn revision(generation: i64) -> Revision {
     Revision::new(generation.to_string())
 }
@@ -225,6 +265,22 @@ fn generation_of(revision: &Revision) -> Option<i64> {
 fn raise(proposed: FencingToken, generation: i64) -> FencingToken {
     let floor = u64::try_from(generation).unwrap_or(0).saturating_add(1);
     proposed.max(FencingToken(floor))
+}
+
+impl<S: Stub + 'static> GcsStore<S> {
+    fn parse_record(
+        &self,
+        key: &LeaseKey,
+        object: &str,
+        body: &[u8],
+        generation: i64,
+    ) -> Result<Stored, Error> {
+        let label = format!("{key} (gs://{}/{object})", self.bucket);
+        Ok(Stored {
+            record: LeaseRecord::from_json(&label, body)?,
+            revision: revision(generation),
+        })
+    }
 }
 
 #[async_trait]
@@ -259,12 +315,26 @@ impl<S: Stub + 'static> LeaseBackend for GcsStore<S> {
         let Some((body, generation)) = self.get(&object).await? else {
             return Ok(None);
         };
-        let label = format!("{key} (gs://{}/{object})", self.bucket);
-        let record = LeaseRecord::from_json(&label, &body)?;
-        Ok(Some(Stored {
-            record,
-            revision: revision(generation),
-        }))
+        self.parse_record(key, &object, &body, generation).map(Some)
+    }
+
+    /// Downloads the record only if its generation changed (`ifGenerationNotMatch`: GCS
+    /// answers 304 without a body while it has not). Each poll is still one billed read
+    /// (class B), but an unchanged record costs no download.
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let object = self.lease_object(key);
+        let unless = known.and_then(generation_of);
+        Ok(match self.get_unless(&object, unless).await? {
+            Found::Unchanged => IfChanged::Unchanged,
+            Found::Absent => IfChanged::Changed(None),
+            Found::Object(body, generation) => {
+                IfChanged::Changed(Some(self.parse_record(key, &object, &body, generation)?))
+            }
+        })
     }
 
     /// Uploads the record with `ifGenerationMatch` (0 for an absent object). An acquire on an
@@ -371,6 +441,8 @@ mod tests {
         /// Answer given once the script is exhausted.
         then: Option<Reply>,
         calls: AtomicUsize,
+        /// The `ifGenerationNotMatch` of each read.
+        unless: Mutex<Vec<Option<i64>>>,
     }
 
     impl Scripted {
@@ -379,6 +451,7 @@ mod tests {
                 replies: Mutex::new(replies.iter().cloned().collect()),
                 then,
                 calls: AtomicUsize::new(0),
+                unless: Mutex::new(Vec::new()),
             }
         }
 
@@ -407,9 +480,13 @@ mod tests {
     impl Stub for Scripted {
         fn read_object(
             &self,
-            _req: ReadObjectRequest,
+            req: ReadObjectRequest,
             _options: RequestOptions,
         ) -> impl Future<Output = google_cloud_storage::Result<ReadObjectResponse>> + Send {
+            self.unless
+                .lock()
+                .unwrap()
+                .push(req.if_generation_not_match);
             let reply = self.next();
             async move {
                 let generation = answer(reply).await?;
@@ -491,6 +568,43 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::Indeterminate, "{first:?}: {err}");
             assert_eq!(calls, 1);
         }
+    }
+
+    /// A follower's poll asks for the body only if the generation changed: GCS's 304 (or a
+    /// 412, or the object at that same generation from a server that ignores the condition)
+    /// is `Unchanged`; another generation is downloaded and parsed (the stub's body is not a
+    /// record, hence the malformed-record error).
+    #[tokio::test]
+    async fn a_poll_downloads_only_a_changed_generation() {
+        let key = LeaseKey::new("k").unwrap();
+        let known = revision(5);
+        for (reply, unchanged) in [
+            (Reply::Status(304, ""), true),
+            (Reply::Status(412, ""), true),
+            (Reply::Ok(5), true),
+            (Reply::Ok(6), false),
+        ] {
+            let (store, stub) = store(&[reply.clone()], None);
+            let r = within(TIMEOUT, store.read_if_changed(&key, Some(&known)))
+                .await
+                .unwrap();
+            match r {
+                Ok(IfChanged::Unchanged) => assert!(unchanged, "{reply:?}"),
+                Err(e) => {
+                    assert!(!unchanged, "{reply:?}: {e}");
+                    assert_eq!(e.kind(), leader_core::ErrorKind::MalformedRecord, "{e}");
+                }
+                Ok(other) => panic!("{reply:?}: {other:?}"),
+            }
+            assert_eq!(*stub.unless.lock().unwrap(), [Some(5)]);
+        }
+        // Without a known revision the read is plain, and a 304 would be an error.
+        let (store, stub) = store(&[Reply::Status(304, "")], None);
+        let r = within(TIMEOUT, store.read_if_changed(&key, None))
+            .await
+            .unwrap();
+        assert!(r.is_err(), "{r:?}");
+        assert_eq!(*stub.unless.lock().unwrap(), [None]);
     }
 
     #[tokio::test]

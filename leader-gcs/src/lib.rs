@@ -61,7 +61,11 @@
 //!   most the generation of the write that began its term, and a deleted and recreated object
 //!   still yields tokens above every earlier one. Renews and releases keep the token.
 //! - **Rate.** GCS accepts about one write per second to one object name, so
-//!   `check_timing` rejects `renew_every` below 1 s. Followers only read.
+//!   `check_timing` rejects `renew_every` below 1 s. Followers only read: a waiting
+//!   follower's poll (every 500 ms by default) is one `read_object` with
+//!   `ifGenerationNotMatch` set to the generation it last saw, which GCS answers with 304 and
+//!   no body while the record is unchanged (one class B operation either way; an emulator
+//!   that ignores the condition sends the object, and the generation is compared instead).
 //! - **Retries and timeouts.** The SDK's retries are off (its default policy retries for up
 //!   to 300 s and repeats conditional writes); every call runs through the core's one retry
 //!   loop ([`leader_core::backend::Call`]), bounded, retries included, by the elector's
