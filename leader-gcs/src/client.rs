@@ -584,7 +584,7 @@ mod tests {
             (Reply::Ok(5), true),
             (Reply::Ok(6), false),
         ] {
-            let (store, stub) = store(&[reply.clone()], None);
+            let (store, stub) = store(std::slice::from_ref(&reply), None);
             let r = within(TIMEOUT, store.read_if_changed(&key, Some(&known)))
                 .await
                 .unwrap();
