@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{
-    Expected, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored, WriteKind,
-    WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
+    Changes, Expected, FencedCas, FencedObject, FencedPut, LeaseBackend, ObjectWrite, Stored,
+    WriteKind, WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
 };
 use crate::error::Error;
 use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
@@ -642,6 +642,38 @@ impl LeaseBackend for FileStore {
                 .transpose()
         })
         .await
+    }
+
+    /// Change hints from the operating system's file notifications (inotify on Linux) on
+    /// the record's folder, for events on the record file: a follower on this host learns
+    /// of a release at once instead of at its next poll. `None` (polling only) if the
+    /// watch cannot be set up, e.g. when the inotify limits are reached. Changes made on
+    /// another host of a network file system raise no event there: the poll covers them.
+    fn changes(&self, key: &LeaseKey) -> Option<Changes> {
+        let path = self.lease_path(key);
+        let (folder, name) = (path.parent()?.to_owned(), path.file_name()?.to_owned());
+        let (notifier, changes) = Changes::channel();
+        let handler = move |event: notify::Result<notify::Event>| {
+            if let Ok(event) = event
+                && event
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name() == Some(name.as_os_str()))
+            {
+                notifier.notify();
+            }
+        };
+        let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
+            notify::Watcher::watch(&mut w, &folder, notify::RecursiveMode::NonRecursive)?;
+            Ok(w)
+        });
+        match watcher {
+            Ok(watcher) => Some(changes.keep_alive(watcher)),
+            Err(e) => {
+                tracing::debug!(folder = %folder.display(), error = %e, "no file change hints; followers poll");
+                None
+            }
+        }
     }
 
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {

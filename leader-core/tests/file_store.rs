@@ -351,3 +351,55 @@ async fn a_record_without_a_mark_gets_one_at_its_next_write() {
     fs::remove_file(store.lease_path(&key())).unwrap();
     assert!(acquire(&store, "b").await.unwrap() > grant.token);
 }
+
+/// The file store hints a change of the record (a rename onto it, a delete) through the
+/// operating system's notifications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_file_changing_is_hinted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path()).unwrap();
+    let mut hints = store.changes(&key()).expect("inotify is available here");
+    acquire(&store, "a").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), hints.changed())
+        .await
+        .expect("the acquire's write was hinted");
+    fs::remove_file(store.lease_path(&key())).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), hints.changed())
+        .await
+        .expect("the delete was hinted");
+}
+
+/// A follower on the file store takes over a release long before its next poll: the change
+/// hint wakes it. Its poll period here is two minutes; the test allows 30 s, so without the
+/// hint it would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_follower_before_its_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn LeaseBackend> = Arc::new(FileStore::open(dir.path()).unwrap());
+    let elector = |who: &str| {
+        leader_core::Elector::builder(store.clone(), key())
+            .ttl(Duration::from_secs(600))
+            .poll_every(Duration::from_secs(120))
+            .holder_id(HolderId::new(who).unwrap())
+            .build()
+            .unwrap()
+            .spawn()
+    };
+    let a = elector("a");
+    drop(a.wait_for_term().await.unwrap());
+    let b = elector("b");
+    let mut seen = b.leadership();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        seen.wait_for(|l| matches!(l, leader_core::Leadership::Follower { leader: Some(_) })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    a.shutdown().await;
+    let term = tokio::time::timeout(Duration::from_secs(30), b.wait_for_term())
+        .await
+        .expect("b took over before its next poll")
+        .unwrap();
+    assert_eq!(term.token(), FencingToken(2));
+}
