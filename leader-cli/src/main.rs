@@ -53,8 +53,10 @@ Timing (measured on this machine's clocks, never another machine's):
   The command gets SIGTERM at deadline - grace and SIGKILL at the deadline, whether or not the
   store answered, together with every process it started. A follower takes over only after
   seeing the lease unchanged for a full ttl, which is after the deadline. A released lease is
-  taken over within one --poll-every. Defaults: renew every ttl/3, poll every 500ms (at most
-  ttl/5), retry a failing store every ttl/5 at most, request timeout min(ttl/10, 2s), margin max(ttl/10, 2 x request timeout), grace half of
+  taken over within one --poll-every. Defaults: renew every ttl/2 (less if that leaves no
+  room for three failed renews, or for --grace), poll every 500ms (at most ttl/5), retry a
+  failing store every ttl/5 at most, request timeout min(ttl/10, 2s), margin
+  max(ttl/10, 2 x request timeout), grace half of
   (ttl - margin - renew_every - request_timeout - 50ms), at most 10s.
 
 How the command runs:

@@ -38,7 +38,8 @@ pub(crate) struct RunArgs {
     /// Lease duration.
     #[arg(long, env = "LEADER_TTL", value_parser = crate::parse_duration, default_value = "15s")]
     ttl: Duration,
-    /// How often the leader renews (default ttl/3).
+    /// How often the leader renews (default: ttl/2, or less where that leaves room for fewer
+    /// than three failed renews before the deadline, or for less than --grace).
     #[arg(long, env = "LEADER_RENEW_EVERY", value_parser = crate::parse_duration)]
     renew_every: Option<Duration>,
     /// How long a follower waits at most between attempts while the store fails (default
@@ -78,6 +79,10 @@ pub(crate) const SUPERVISOR_SLACK: Duration = Duration::from_millis(50);
 
 /// A stop signal this long after the first kills the command at once.
 const REPEAT_TO_KILL: Duration = Duration::from_secs(1);
+
+/// What a `--grace` given without `--renew-every` leaves between a healthy renew's answer and
+/// the command's signal, beyond [`SUPERVISOR_SLACK`].
+const GRACE_ROOM_SPARE: Duration = Duration::from_millis(50);
 
 /// The longest default grace period.
 const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(10);
@@ -210,7 +215,16 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     set.renew_every = args.renew_every;
     set.retry_every = args.retry_every;
     set.poll_every = args.poll_every;
-    let planned = Timing::resolve(args.ttl, &set);
+    let mut planned = Timing::resolve(args.ttl, &set);
+    if let (Some(grace), None) = (args.grace, args.renew_every) {
+        // Renew often enough that a healthy renew reaches the supervisor before the command
+        // is signalled at deadline - grace, if the default would not.
+        let room = planned.renew_every + grace_room(&planned);
+        let fits = room.saturating_sub(grace + GRACE_ROOM_SPARE);
+        if fits < planned.renew_every && fits >= planned.ttl / 10 {
+            planned.renew_every = fits;
+        }
+    }
     planned.validate().map_err(config)?;
     let grace = check_grace(args.grace, &planned)?;
     let meta = metadata(&args.meta)?;
@@ -618,15 +632,12 @@ mod tests {
     #[test]
     fn grace_must_leave_room_for_a_healthy_renew() {
         let t = Timing::from_ttl(Duration::from_secs(2));
-        // 2000 - 400 (margin) - 666.7 (renew) - 200 (request) - 50 = 683.3 ms.
+        // 2000 - 400 (margin) - 1000 (renew) - 200 (request) - 50 = 350 ms.
         let room = grace_room(&t);
-        assert!(
-            room > Duration::from_millis(683) && room < Duration::from_millis(684),
-            "{room:?}"
-        );
+        assert_eq!(room, Duration::from_millis(350));
         assert_eq!(check_grace(None, &t).unwrap(), grace_room(&t) / 2);
-        assert!(check_grace(Some(Duration::from_millis(600)), &t).is_ok());
-        let e = check_grace(Some(Duration::from_millis(700)), &t).unwrap_err();
+        assert!(check_grace(Some(Duration::from_millis(300)), &t).is_ok());
+        let e = check_grace(Some(Duration::from_millis(400)), &t).unwrap_err();
         assert_eq!(e.code, exit::CONFIG);
         assert!(e.message.contains("--grace"), "{}", e.message);
         let long = Timing::from_ttl(Duration::from_secs(600));

@@ -14,7 +14,9 @@ use crate::error::ConfigError;
 pub struct Timing {
     /// How long a lease lasts after the holder's last successful write.
     pub ttl: Duration,
-    /// How often the leader renews (default `ttl / 3`).
+    /// How often the leader renews (default [`Timing::default_renew_every`]: `ttl / 2`, or
+    /// less where that would leave room for fewer than three failed renews before the
+    /// deadline).
     pub renew_every: Duration,
     /// How long a follower waits at most between attempts while the store fails: the cap of
     /// its jittered backoff (default `ttl / 5`).
@@ -47,30 +49,57 @@ impl Timing {
     /// Every setting derived from `ttl` by the defaults above.
     pub fn from_ttl(ttl: Duration) -> Self {
         let request_timeout = (ttl / 10).min(Self::MAX_DEFAULT_REQUEST_TIMEOUT);
+        let margin = (ttl / 10).max(request_timeout * 2);
         Self {
             ttl,
-            renew_every: ttl / 3,
+            renew_every: Self::default_renew_every(ttl, margin, request_timeout),
             retry_every: ttl / 5,
             poll_every: Self::DEFAULT_POLL_EVERY.min(ttl / 5),
-            margin: (ttl / 10).max(request_timeout * 2),
+            margin,
             request_timeout,
         }
     }
 
+    /// The renew period the rules need, and no shorter: as long as possible while a renew
+    /// that fails still leaves time for three more attempts (each up to a request timeout)
+    /// before the deadline, and at most `ttl / 2`:
+    /// `min(ttl / 2, ttl - margin - 3 x request_timeout)`.
+    ///
+    /// A term lasts `ttl - margin` after the send of its last successful renew; a renew sent
+    /// `renew_every` after that one has `ttl - margin - renew_every` left to succeed. For the
+    /// default ttl of 15 s (margin 3 s, request timeout 1.5 s): `min(7.5, 15 - 3 - 4.5)` =
+    /// 7.5 s, so 480 renews an hour, and a store outage of up to 4.5 s costs no term.
+    /// (Renewing every `ttl / 3` would cost 720 an hour for 7 s of outage tolerance; raise
+    /// the ttl, or set `renew_every`, for more.) Never below a tenth of the ttl.
+    pub fn default_renew_every(
+        ttl: Duration,
+        margin: Duration,
+        request_timeout: Duration,
+    ) -> Duration {
+        ttl.saturating_sub(margin)
+            .saturating_sub(request_timeout.saturating_mul(3))
+            .min(ttl / 2)
+            .max(ttl / 10)
+    }
+
     /// [`Timing::from_ttl`] with the settings given in `set` in place of the defaults. A
     /// request timeout given without a margin moves the default margin to the larger of
-    /// `ttl / 10` and twice that timeout.
+    /// `ttl / 10` and twice that timeout; the default renew period follows the margin and
+    /// request timeout in force ([`Timing::default_renew_every`]).
     pub fn resolve(ttl: Duration, set: &TimingOverrides) -> Self {
         let mut t = Self::from_ttl(ttl);
         if let Some(d) = set.request_timeout {
             t.request_timeout = d;
             t.margin = (ttl / 10).max(d.saturating_mul(2));
         }
+        if let Some(d) = set.margin {
+            t.margin = d;
+        }
+        t.renew_every = Self::default_renew_every(ttl, t.margin, t.request_timeout);
         for (value, field) in [
             (set.renew_every, &mut t.renew_every),
             (set.retry_every, &mut t.retry_every),
             (set.poll_every, &mut t.poll_every),
-            (set.margin, &mut t.margin),
         ] {
             if let Some(d) = value {
                 *field = d;
@@ -169,7 +198,7 @@ mod tests {
         }
         let t = Timing::default();
         assert_eq!(t.ttl, Duration::from_secs(15));
-        assert_eq!(t.renew_every, Duration::from_secs(5));
+        assert_eq!(t.renew_every, Duration::from_millis(7_500));
         assert_eq!(t.retry_every, Duration::from_secs(3));
         assert_eq!(t.poll_every, Duration::from_millis(500));
         assert_eq!(
@@ -178,6 +207,28 @@ mod tests {
         );
         assert_eq!(t.request_timeout, Duration::from_millis(1500));
         assert_eq!(t.margin, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_default_renew_leaves_room_for_three_failed_renews() {
+        let secs = Duration::from_secs_f64;
+        for (ttl, renew) in [(15.0, 7.5), (2.0, 1.0), (60.0, 30.0), (1.0, 0.5)] {
+            assert_eq!(
+                Timing::from_ttl(secs(ttl)).renew_every,
+                secs(renew),
+                "ttl {ttl}"
+            );
+        }
+        // A longer request timeout shortens it: 15 - 4 - 3 x 2 = 5 s.
+        let mut set = TimingOverrides::default();
+        set.request_timeout = Some(secs(2.0));
+        set.margin = Some(secs(4.0));
+        let t = Timing::resolve(secs(15.0), &set);
+        assert_eq!(t.renew_every, secs(5.0));
+        t.validate().unwrap();
+        // Explicit wins.
+        set.renew_every = Some(secs(3.0));
+        assert_eq!(Timing::resolve(secs(15.0), &set).renew_every, secs(3.0));
     }
 
     #[test]

@@ -92,15 +92,16 @@ async fn the_leader_renews_every_renew_every() {
     let writes = store.writes_by("a");
     assert_eq!(writes[0].1, WriteKind::Acquire);
     let renews: Vec<_> = writes[1..].iter().map(|w| w.0 - writes[0].0).collect();
+    // The default for a 15 s ttl: every 7.5 s (Timing::default_renew_every).
     assert_eq!(
         renews,
-        (1..=6)
-            .map(|i| Duration::from_secs(5 * i))
+        (1..=4)
+            .map(|i| Duration::from_millis(7_500 * i))
             .collect::<Vec<_>>()
     );
     assert!(writes[1..].iter().all(|w| w.1 == WriteKind::Renew));
     assert!(term.is_valid());
-    assert_eq!(term.deadline(), writes[6].0 + TTL - Duration::from_secs(3));
+    assert_eq!(term.deadline(), writes[4].0 + TTL - Duration::from_secs(3));
 }
 
 #[tokio::test(start_paused = true)]
@@ -114,12 +115,12 @@ async fn the_leader_steps_down_at_its_deadline_when_the_store_hangs() {
     let a = elector(store, "a").spawn();
     let term = a.wait_for_term().await.unwrap();
     let start = Instant::now();
-    // The renew at 5 s succeeds; then every request hangs.
-    sleep(Duration::from_secs(6)).await;
+    // The renew at 7.5 s succeeds; then every request hangs.
+    sleep(Duration::from_secs(8)).await;
     control.update(|f: &mut Faults| f.hang = true);
     term.cancelled().await;
-    // Deadline: last successful renew sent at 5 s, + ttl 15 s - margin 3 s.
-    assert_eq!(Instant::now() - start, Duration::from_secs(17));
+    // Deadline: last successful renew sent at 7.5 s, + ttl 15 s - margin 3 s.
+    assert_eq!(Instant::now() - start, Duration::from_millis(19_500));
     assert!(!term.is_valid());
     assert!(!a.current().is_leader());
     // It keeps campaigning (and reports it cannot reach the store) without acting.
@@ -261,8 +262,8 @@ async fn a_conflict_on_renew_ends_the_term_at_once() {
         .await
         .unwrap();
     term.cancelled().await;
-    // At the renew (5 s), not at the deadline (12 s).
-    assert_eq!(Instant::now() - start, Duration::from_secs(5));
+    // At the renew (7.5 s), not at the deadline (12 s).
+    assert_eq!(Instant::now() - start, Duration::from_millis(7_500));
     match a.current() {
         Leadership::Follower {
             leader: Some(leader),
@@ -484,7 +485,9 @@ fn each_timing_rule_has_its_own_error() {
         })
     ));
     assert!(matches!(
-        b().request_timeout(Duration::from_secs(4)).build(),
+        b().request_timeout(Duration::from_secs(4))
+            .renew_every(Duration::from_secs(5))
+            .build(),
         Err(ConfigError::NoTimeToRenew { .. })
     ));
     let mut meta = Metadata::new();
@@ -549,13 +552,13 @@ async fn a_panicking_elector_task_ends_the_term() {
     let a = elector(Arc::new(PanicsOnRenew::default()), "a").spawn();
     let term = a.wait_for_term().await.unwrap();
     let start = Instant::now();
-    // The first renew (5 s) panics the elector's task.
+    // The first renew (7.5 s) panics the elector's task.
     timeout(Duration::from_secs(60), term.cancelled())
         .await
         .expect("cancelled() must fire without the elector's task");
-    // At the panic (the first renew, 5 s in), not only at the deadline (12 s).
+    // At the panic (the first renew, 7.5 s in), not only at the deadline (12 s).
     assert!(
-        Instant::now() - start <= Duration::from_secs(6),
+        Instant::now() - start <= Duration::from_secs(8),
         "{:?}",
         Instant::now() - start
     );
@@ -677,7 +680,7 @@ async fn the_deadline_counts_from_the_send_time_not_the_answer() {
     let term = a.wait_for_term().await.unwrap();
     let acquired = store.inner.writes_by("a")[0].0;
     assert_eq!(term.deadline(), acquired + TTL - Duration::from_secs(3));
-    sleep(Duration::from_secs(12)).await;
+    sleep(Duration::from_secs(16)).await;
     let writes = store.inner.writes_by("a");
     let last = writes.last().unwrap().0;
     assert!(writes.len() >= 3, "{writes:?}");

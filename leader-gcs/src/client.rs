@@ -119,7 +119,10 @@ impl<S: Stub + 'static> GcsStore<S> {
         if let Some(generation) = unless {
             read = read.set_if_generation_not_match(generation);
         }
-        let mut response = match read.send().await {
+        // Boxed: the SDK's future is deeply nested, and this read sits under the builder's
+        // bucket check; a caller awaiting `build()` in a large async fn would otherwise meet
+        // the compiler's query depth limit.
+        let mut response = match Box::pin(read.send()).await {
             Ok(response) => response,
             // GCS answers 304 when the generation is still `unless`; 412 is how a failed
             // precondition reads elsewhere, and this read has no other precondition.

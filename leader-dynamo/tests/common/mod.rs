@@ -19,6 +19,7 @@ pub(crate) fn timing() -> Timing {
     let mut t = Timing::from_ttl(Duration::from_millis(3000));
     t.request_timeout = Duration::from_millis(500);
     t.margin = Duration::from_millis(1000);
+    t.renew_every = Duration::from_secs(1);
     t.validate().unwrap();
     t
 }
