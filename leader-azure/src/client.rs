@@ -31,13 +31,14 @@ use azure_core::http::headers::{HeaderName, Headers};
 use azure_core::http::{Etag, RequestContent};
 use azure_storage_blob::models::{
     BlobClientAcquireLeaseOptions, BlobClientAcquireLeaseResultHeaders, BlobClientDownloadOptions,
-    BlobClientReleaseLeaseOptions, BlobClientReleaseLeaseResultHeaders,
-    BlobClientRenewLeaseOptions, BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
+    BlobClientGetPropertiesResultHeaders, BlobClientReleaseLeaseOptions,
+    BlobClientReleaseLeaseResultHeaders, BlobClientRenewLeaseOptions,
+    BlobClientRenewLeaseResultHeaders, BlockBlobClientUploadOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient};
 use leader_core::backend::{Call, FencedCas, FencedPut, ObjectWrite, call_budget, call_deadline};
 use leader_core::backend::{
-    Expected, ExpiryModel, LeaseRecord, LeaseState, Revision, Stored, TermId, WriteKind,
+    Expected, ExpiryModel, IfChanged, LeaseRecord, LeaseState, Revision, Stored, TermId, WriteKind,
     WriteNonce, WriteOutcome, WriteRequest,
 };
 use leader_core::{
@@ -117,13 +118,18 @@ struct Fetched {
     headers: Headers,
 }
 
+/// The lease state in a blob's response headers (Get Blob, Get Blob Properties), in lower case.
+fn lease_state_of(headers: &Headers) -> String {
+    headers
+        .get_optional_str(&LEASE_STATE_HEADER)
+        .unwrap_or(AVAILABLE)
+        .to_ascii_lowercase()
+}
+
 impl Fetched {
     /// The blob's lease state as the service reported it, in lower case.
     fn lease_state(&self) -> String {
-        self.headers
-            .get_optional_str(&LEASE_STATE_HEADER)
-            .unwrap_or(AVAILABLE)
-            .to_ascii_lowercase()
+        lease_state_of(&self.headers)
     }
 
     /// The lease record of `key`, marked released unless `held`, with a revision from the
@@ -138,6 +144,16 @@ impl Fetched {
             revision: revision(&self.etag, state),
         })
     }
+}
+
+/// What Get Blob Properties tells of a lease blob.
+enum Peeked {
+    /// There is no blob.
+    Absent,
+    /// The blob's revision: its ETag and lease state.
+    At(Revision),
+    /// The answer had no ETag (the service always sends one): nothing to compare.
+    NoEtag,
 }
 
 /// The precondition of an upload.
@@ -271,6 +287,35 @@ impl AzureLeaseStore {
             etag,
             headers,
         }))
+    }
+
+    /// What Get Blob Properties (a `HEAD`, no body) tells of the lease blob.
+    async fn peek(&self, blob: &BlobClient) -> Result<Peeked, azure_core::Error> {
+        let response = match blob.get_properties(None).await {
+            Ok(r) => r,
+            Err(e) if classify(&e) == Class::BlobMissing => return Ok(Peeked::Absent),
+            Err(e) => return Err(e),
+        };
+        Ok(match response.etag()? {
+            Some(etag) => Peeked::At(revision(etag.as_ref(), &lease_state_of(response.headers()))),
+            None => Peeked::NoEtag,
+        })
+    }
+
+    /// One attempt of [`read`](LeaseBackend::read): downloads the lease blob and reports the
+    /// record held only while the blob's lease is active, with the revision of that answer.
+    async fn read_once(&self, blob: &BlobClient, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        let fetched = self
+            .fetch(blob)
+            .await
+            .map_err(|e| self.err(e, "reading the lease blob", Effect::Settled))?;
+        let Some(f) = fetched else {
+            return Ok(None);
+        };
+        // Expired, broken, breaking or released: nobody holds it, whatever it says.
+        let lease_state = f.lease_state();
+        f.into_stored(key, lease_state == LEASED, &lease_state)
+            .map(Some)
     }
 
     async fn upload(
@@ -788,20 +833,54 @@ impl LeaseBackend for AzureLeaseStore {
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         let blob = &self.container.blob_client(&self.lease_blob_name(key));
-        let work = move || async move {
-            let fetched = self
-                .fetch(blob)
-                .await
-                .map_err(|e| self.err(e, "reading the lease blob", Effect::Settled))?;
-            let Some(f) = fetched else {
-                return Ok(None);
-            };
-            // Expired, broken, breaking or released: nobody holds it, whatever it says.
-            let lease_state = f.lease_state();
-            f.into_stored(key, lease_state == LEASED, &lease_state)
-                .map(Some)
-        };
+        let work = move || self.read_once(blob, key);
         self.bounded_read("reading the lease blob", work).await
+    }
+
+    /// A waiting follower's poll: Get Blob Properties (a `HEAD`: the ETag, the lease state,
+    /// no body), and a download only if the revision it shows is not `known`.
+    ///
+    /// The revision is the ETag together with the lease state, both from the same answer, so
+    /// `Unchanged` means that the record (every write changes the ETag) and the lease (whose
+    /// changes may leave the ETag as it is: acquiring, breaking and expiring do on Azurite)
+    /// are both as the follower last saw them when the service answered. A lease that
+    /// expired or was broken without a write shows its new state, and the record is
+    /// downloaded and reported released, as by [`read`](LeaseBackend::read). A blob that is
+    /// not there is reported absent without a download.
+    ///
+    /// When the revision changed, the record comes from a plain Get Blob, with the ETag and
+    /// lease state *of that answer* (not of the `HEAD`): body and revision come from one
+    /// response, so a write between the two requests only makes the answer newer.
+    ///
+    /// Why not one conditional Get Blob with `If-None-Match` (304 when unchanged)? A 304
+    /// says only that the ETag is the same, and the ETag does not change when a lease expires
+    /// or is broken. Azure documents no lease headers on a 304, and Azurite 3.35 sends none
+    /// (nor an ETag): the poll would answer `Unchanged` for a lease that is gone, or need a
+    /// second request every time.
+    ///
+    /// Cost per poll: one Get Blob Properties (billed by Azure as an "other" operation on
+    /// general-purpose v2 and premium accounts, where Get Blob is a "read"; no data is read,
+    /// so no per-GB retrieval charge on cool and colder tiers), plus one Get Blob when the
+    /// record changed (a renew writes it, so about once per `renew_every`).
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let blob = &self.container.blob_client(&self.lease_blob_name(key));
+        let work = move || async move {
+            let peeked = self
+                .peek(blob)
+                .await
+                .map_err(|e| self.err(e, "reading the lease blob's properties", Effect::Settled))?;
+            match peeked {
+                Peeked::Absent => return Ok(IfChanged::Changed(None)),
+                Peeked::At(now) if known == Some(&now) => return Ok(IfChanged::Unchanged),
+                Peeked::At(_) | Peeked::NoEtag => {}
+            }
+            self.read_once(blob, key).await.map(IfChanged::Changed)
+        };
+        self.bounded_read("polling the lease blob", work).await
     }
 
     /// Reads the lease blob with the term's lease id (`x-ms-lease-id`), which the service

@@ -17,8 +17,8 @@ use integration_tests::{Emulator, require, unique_name};
 use leader_azure::{AzureLeaseStore, AzureLeaseStoreBuilder};
 use leader_core::backend::within;
 use leader_core::backend::{
-    Expected, ExpiryModel, LeaseRecord, Stored, TermId, WriteKind, WriteNonce, WriteOutcome,
-    WriteRequest,
+    Expected, ExpiryModel, IfChanged, LeaseRecord, Stored, TermId, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
 };
 use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{
@@ -736,4 +736,173 @@ async fn a_lease_call_that_never_gets_an_answer_leaves_no_lease_behind() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(proxy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A waiting follower's poll (read_if_changed): Get Blob Properties, and a download only when
+// the revision (ETag and lease state) changed. Requests are counted by the fault proxy.
+
+/// The requests the proxy forwarded since the last reset, by method (`GET`, `HEAD`, `PUT`).
+fn by_method(proxy: &FaultProxy) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (label, n) in proxy.requests() {
+        let method = label.split(' ').next().unwrap_or_default().to_owned();
+        *out.entry(method).or_default() += n;
+    }
+    out
+}
+
+fn counts(pairs: &[(&str, u64)]) -> std::collections::BTreeMap<String, u64> {
+    pairs.iter().map(|(m, n)| ((*m).to_owned(), *n)).collect()
+}
+
+/// The ETag part of a lease blob's revision (`ETAG|lease-state`).
+fn etag(s: &Stored) -> &str {
+    s.revision.as_str().rsplit_once('|').unwrap().0
+}
+
+/// `b`, following through the proxy, polls a held lease it has seen: what the poll answers.
+async fn poll(store: &AzureLeaseStore, key: &LeaseKey, known: &Stored) -> IfChanged {
+    store
+        .read_if_changed(key, Some(&known.revision))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_poll_of_an_unchanged_held_lease_downloads_nothing() {
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let mut a = client(&direct, &key, "a");
+    acquired(&mut a).await;
+    let (proxy, store) = through_proxy(&h, 5).await;
+    // The follower's first look knows no revision: properties, then the record.
+    let mut b = client(&store, &key, "b");
+    match b.try_acquire().await.unwrap() {
+        Acquisition::Following {
+            leader: Some(l), ..
+        } => assert_eq!(l.holder.as_str(), "a"),
+        other => panic!("b must follow a: {other:?}"),
+    }
+    assert_eq!(by_method(&proxy), counts(&[("GET", 1), ("HEAD", 1)]));
+    // Then, while a's record and lease stay as they are, one HEAD per poll and nothing else:
+    // no download, and no acquire attempt while the lease is held.
+    proxy.reset_requests();
+    const POLLS: u64 = 5;
+    for _ in 0..POLLS {
+        match b.try_acquire().await.unwrap() {
+            Acquisition::Following {
+                leader: Some(l), ..
+            } => assert_eq!(l.holder.as_str(), "a"),
+            other => panic!("b must still follow a: {other:?}"),
+        }
+    }
+    assert_eq!(by_method(&proxy), counts(&[("HEAD", POLLS)]));
+    // A renew writes the record (a new ETag): the next poll downloads it, once.
+    let seen = direct.read(&key).await.unwrap().unwrap();
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Renewed(_)));
+    proxy.reset_requests();
+    let IfChanged::Changed(Some(renewed)) = poll(&store, &key, &seen).await else {
+        panic!("a renew must read as changed")
+    };
+    assert_ne!(renewed.revision, seen.revision);
+    assert!(renewed.record.is_held());
+    assert_eq!(renewed, direct.read(&key).await.unwrap().unwrap());
+    assert_eq!(poll(&store, &key, &renewed).await, IfChanged::Unchanged);
+    assert_eq!(by_method(&proxy), counts(&[("GET", 1), ("HEAD", 2)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lease_polls_as_changed_and_released_without_a_write() {
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let mut a = client(&direct, &key, "a");
+    acquired(&mut a).await;
+    let (proxy, store) = through_proxy(&h, 6).await;
+    let held = direct.read(&key).await.unwrap().unwrap();
+    assert_eq!(poll(&store, &key, &held).await, IfChanged::Unchanged);
+    // An operator breaks the lease: the blob's ETag stays, its lease state changes.
+    break_lease(&direct, &key).await;
+    proxy.reset_requests();
+    let IfChanged::Changed(Some(now)) = poll(&store, &key, &held).await else {
+        panic!("a broken lease must poll as changed")
+    };
+    assert!(
+        !now.record.is_held(),
+        "a broken lease reads as held: {now:?}"
+    );
+    assert_ne!(now.revision, held.revision);
+    assert_eq!(now.record.holder, held.record.holder);
+    // The ETag did not change: only the lease state tells the poll that the lease is gone.
+    assert_eq!(etag(&now), etag(&held));
+    assert_eq!(now, direct.read(&key).await.unwrap().unwrap());
+    assert_eq!(by_method(&proxy), counts(&[("GET", 1), ("HEAD", 1)]));
+    // The follower sees the lease free and takes it.
+    let mut b = client(&store, &key, "b");
+    acquired(&mut b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_polls_as_changed_and_released_without_a_write() {
+    let h = azurite().await;
+    let store = h.azure().await;
+    let key = h.unique_key();
+    let mut a = client(&store, &key, "a");
+    acquired(&mut a).await;
+    let held = store.read(&key).await.unwrap().unwrap();
+    let started = Instant::now();
+    // Nobody writes; the service lets the lease run out after its 15 s.
+    let now = loop {
+        match poll(&store, &key, &held).await {
+            IfChanged::Unchanged => {
+                assert!(
+                    started.elapsed() < TTL + Duration::from_secs(5),
+                    "no expiry"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            IfChanged::Changed(Some(now)) => break now,
+            IfChanged::Changed(None) => panic!("the blob vanished"),
+        }
+    };
+    let waited = started.elapsed();
+    eprintln!("MEASURED: the poll saw the lease expire after {waited:?}, ttl {TTL:?}");
+    assert!(waited >= TTL - Duration::from_millis(500), "{waited:?}");
+    assert!(
+        !now.record.is_held(),
+        "an expired lease reads as held: {now:?}"
+    );
+    assert_ne!(now.revision, held.revision);
+    assert_eq!(etag(&now), etag(&held), "only the lease state changed");
+    assert_eq!(now, store.read(&key).await.unwrap().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_of_a_missing_blob_or_container_downloads_nothing() {
+    let h = azurite().await;
+    let direct = h.azure().await;
+    let key = h.unique_key();
+    let (proxy, store) = through_proxy(&h, 7).await;
+    let made_up = leader_core::backend::Revision::new("\"0x1\"|leased");
+    assert_eq!(
+        store.read_if_changed(&key, Some(&made_up)).await.unwrap(),
+        IfChanged::Changed(None)
+    );
+    assert_eq!(
+        store.read_if_changed(&key, None).await.unwrap(),
+        IfChanged::Changed(None)
+    );
+    assert_eq!(by_method(&proxy), counts(&[("HEAD", 2)]));
+    drop(direct);
+    // A missing container is named, as by read.
+    let gone = AzureLeaseStoreBuilder::new()
+        .with_emulator(proxy.url_for(&h.endpoint))
+        .with_container(unique_name("no-such"))
+        .build_unchecked()
+        .unwrap();
+    let err = gone.read_if_changed(&key, None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("no-such"), "{err}");
 }
