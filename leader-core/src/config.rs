@@ -220,9 +220,11 @@ mod tests {
             );
         }
         // A longer request timeout shortens it: 15 - 4 - 3 x 2 = 5 s.
-        let mut set = TimingOverrides::default();
-        set.request_timeout = Some(secs(2.0));
-        set.margin = Some(secs(4.0));
+        let mut set = TimingOverrides {
+            request_timeout: Some(secs(2.0)),
+            margin: Some(secs(4.0)),
+            ..TimingOverrides::default()
+        };
         let t = Timing::resolve(secs(15.0), &set);
         assert_eq!(t.renew_every, secs(5.0));
         t.validate().unwrap();
