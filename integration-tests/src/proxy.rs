@@ -282,6 +282,95 @@ impl Seen {
     }
 }
 
+/// One kind of request with one kind of answer, as [`FaultProxy::exchanges`] counts them: what
+/// a cloud's price of a request depends on, as far as the proxy can see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Exchange {
+    /// The AWS operation, else `METHOD /path` (as [`FaultProxy::requests`] names requests).
+    pub kind: String,
+    /// Azure Blob's operation parameters of the query, `restype=` and `comp=`, as they came
+    /// (`comp=lease`, `restype=container&comp=list`), if any.
+    pub azure_op: Option<String>,
+    /// Azure's `x-ms-lease-action` header (`acquire`, `renew`, `release`, ...), if any.
+    pub lease_action: Option<String>,
+    /// DynamoDB reads (`GetItem`, `Query`, `Scan`): whether the request asked for a strongly
+    /// consistent read (`"ConsistentRead":true`); `None` for other requests.
+    pub consistent_read: Option<bool>,
+    /// DynamoDB transactions (`TransactWriteItems`, `TransactGetItems`): how many items.
+    pub items: Option<usize>,
+    /// The status of the store's answer; `None` if the client got no answer from the proxy.
+    pub status: Option<u16>,
+    /// The store's error code of an error answer (`ConditionalCheckFailedException`,
+    /// `LeaseAlreadyPresent`, `conditionNotMet`, ...), if it gave one.
+    pub error: Option<String>,
+}
+
+impl Exchange {
+    /// What the request says; the answer is filled in later.
+    fn of_request(seen: &Seen, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Self {
+        let azure_op = query
+            .map(|q| {
+                q.split('&')
+                    .filter(|pair| pair.starts_with("restype=") || pair.starts_with("comp="))
+                    .collect::<Vec<_>>()
+                    .join("&")
+            })
+            .filter(|op| !op.is_empty());
+        let lease_action = headers
+            .get("x-ms-lease-action")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let (consistent_read, items) = match &seen.aws_operation {
+            Some(op) => aws_request_details(op, body),
+            None => (None, None),
+        };
+        Self {
+            kind: seen.label(),
+            azure_op,
+            lease_action,
+            consistent_read,
+            items,
+            status: None,
+            error: None,
+        }
+    }
+}
+
+/// What a DynamoDB request's price depends on besides its operation: `ConsistentRead` of a
+/// read, and the number of items of a transaction.
+fn aws_request_details(operation: &str, body: &[u8]) -> (Option<bool>, Option<usize>) {
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let consistent = matches!(operation, "GetItem" | "Query" | "Scan").then(|| {
+        json.get("ConsistentRead")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    });
+    let items = operation
+        .starts_with("Transact")
+        .then(|| {
+            json.get("TransactItems")
+                .and_then(serde_json::Value::as_array)
+                .map(Vec::len)
+        })
+        .flatten();
+    (consistent, items)
+}
+
+/// The error code of an error answer: Azure's `x-ms-error-code`, the AWS JSON protocol's
+/// `__type` (without its namespace), or the first reason of a Cloud Storage JSON error.
+fn error_code(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    if let Some(code) = headers.get("x-ms-error-code").and_then(|v| v.to_str().ok()) {
+        return Some(code.to_owned());
+    }
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if let Some(t) = json.get("__type").and_then(serde_json::Value::as_str) {
+        return Some(t.rsplit('#').next().unwrap_or(t).to_owned());
+    }
+    json.pointer("/error/errors/0/reason")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+}
+
 struct Shared {
     upstream: SocketAddr,
     faults: watch::Sender<ProxyFaults>,
@@ -289,6 +378,7 @@ struct Shared {
     rng: Mutex<Rng>,
     rules: Mutex<Vec<Rule>>,
     requests: Mutex<BTreeMap<String, u64>>,
+    exchanges: Mutex<BTreeMap<Exchange, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -368,6 +458,7 @@ impl FaultProxy {
             rng: Mutex::new(Rng::seeded(seed)),
             rules: Mutex::new(Vec::new()),
             requests: Mutex::new(BTreeMap::new()),
+            exchanges: Mutex::new(BTreeMap::new()),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Self { addr, shared, task })
@@ -450,9 +541,18 @@ impl FaultProxy {
         lock(&self.shared.requests).clone()
     }
 
-    /// Starts counting [`requests`](Self::requests) afresh.
+    /// The requests received since the start or the last
+    /// [`reset_requests`](Self::reset_requests), by what their price depends on: kind, the
+    /// details of the request that change its price, and the answer's status and error code.
+    /// A request is counted here once its answer is known (or known to be withheld).
+    pub fn exchanges(&self) -> BTreeMap<Exchange, u64> {
+        lock(&self.shared.exchanges).clone()
+    }
+
+    /// Starts counting [`requests`](Self::requests) and [`exchanges`](Self::exchanges) afresh.
     pub fn reset_requests(&self) {
         lock(&self.shared.requests).clear();
+        lock(&self.shared.exchanges).clear();
     }
 }
 
@@ -549,11 +649,33 @@ async fn handle(
             .map(str::to_owned),
     };
     *lock(&shared.requests).entry(seen.label()).or_default() += 1;
+    let mut exchange = Exchange::of_request(&seen, parts.uri.query(), &parts.headers, &body);
     let request = Request::from_parts(parts, Full::new(body));
     // What follows goes on if the client leaves: a held or late write still lands.
-    tokio::spawn(decide(request, seen, shared))
+    let answer = tokio::spawn(decide(request, seen, shared.clone()))
         .await
-        .map_err(|_| NoAnswer("the proxy's task failed"))?
+        .map_err(|_| NoAnswer("the proxy's task failed"))
+        .flatten();
+    let answer = match answer {
+        Ok(response) => {
+            exchange.status = Some(response.status().as_u16());
+            if response.status().as_u16() >= 400 {
+                let (parts, body) = response.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                exchange.error = error_code(&parts.headers, &body);
+                Ok(Response::from_parts(parts, Full::new(body)))
+            } else {
+                Ok(response)
+            }
+        }
+        Err(e) => Err(e),
+    };
+    *lock(&shared.exchanges).entry(exchange).or_default() += 1;
+    answer
 }
 
 async fn decide(
@@ -650,4 +772,53 @@ async fn forward(
     .await;
     driver.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamodb_reads_and_transactions_are_told_apart() {
+        let get = br#"{"TableName":"t","Key":{"pk":{"S":"k"}},"ConsistentRead":true}"#;
+        assert_eq!(aws_request_details("GetItem", get), (Some(true), None));
+        let get = br#"{"TableName":"t","Key":{"pk":{"S":"k"}}}"#;
+        assert_eq!(aws_request_details("GetItem", get), (Some(false), None));
+        let put = br#"{"TableName":"t","Item":{}}"#;
+        assert_eq!(aws_request_details("PutItem", put), (None, None));
+        let tx = br#"{"TransactItems":[{"Update":{}},{"ConditionCheck":{}}]}"#;
+        assert_eq!(
+            aws_request_details("TransactWriteItems", tx),
+            (None, Some(2))
+        );
+        assert_eq!(
+            aws_request_details("GetItem", b"not json"),
+            (Some(false), None)
+        );
+    }
+
+    #[test]
+    fn error_codes_of_each_store() {
+        let mut azure = HeaderMap::new();
+        azure.insert(
+            "x-ms-error-code",
+            HeaderValue::from_static("LeaseAlreadyPresent"),
+        );
+        assert_eq!(
+            error_code(&azure, b"<Error/>").as_deref(),
+            Some("LeaseAlreadyPresent")
+        );
+        let aws =
+            br#"{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException"}"#;
+        assert_eq!(
+            error_code(&HeaderMap::new(), aws).as_deref(),
+            Some("ConditionalCheckFailedException")
+        );
+        let gcs = br#"{"error":{"code":412,"errors":[{"reason":"conditionNotMet"}]}}"#;
+        assert_eq!(
+            error_code(&HeaderMap::new(), gcs).as_deref(),
+            Some("conditionNotMet")
+        );
+        assert_eq!(error_code(&HeaderMap::new(), b""), None);
+    }
 }
