@@ -249,7 +249,7 @@ impl Site {
     /// How long a new follower takes to try once and settle into waiting.
     fn settle(&self) -> Duration {
         let poll = match self.backend {
-            Backend::Ours(_) => self.timing.retry_every,
+            Backend::Ours(_) => self.timing.poll_every.mul_f64(1.1),
             Backend::Peer => PEER_ACQUIRE_COOLDOWN,
         };
         poll + Duration::from_millis(500)
@@ -844,7 +844,8 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
     };
     let _ = writeln!(
         s,
-        "Settings: ttl {} (renew every {}, retry every {}, request timeout {}, margin {}: the \
+        "Settings: ttl {} (renew every {}, followers poll every {} (jittered up to 1.1 x), \
+         retry a failing store every {} at most, request timeout {}, margin {}: the \
          defaults for that ttl), {} rounds per backend, request window {}, {} stop rounds.\n\n\
          The peer (`dynamo-peer`): the `dynamodb-lease` crate 0.22.1 on the same DynamoDB \
          emulator, with its defaults for a ttl of {peer_ttl} s (whole seconds): extend every \
@@ -855,6 +856,7 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
          to compare later work against, not what a cloud region gives.\n",
         secs(t.ttl),
         secs(t.renew_every),
+        secs(t.poll_every),
         secs(t.retry_every),
         secs(t.request_timeout),
         secs(t.margin),
