@@ -240,6 +240,9 @@ impl ElectorBuilder {
 /// - a renew that meets a conflict ends the term at once;
 /// - a follower takes over a record only after seeing it unchanged for a full ttl on its own
 ///   clock (unless the store enforces expiry), and a released record at once;
+/// - a follower reads every `poll_every` (jittered) with the store's cheapest read
+///   ([`LeaseBackend::read_if_changed`]), and at once when the store hints a change
+///   ([`LeaseBackend::changes`]);
 /// - every store call has its own timeout; errors back off with jitter, capped at
 ///   `retry_every` for followers and bounded by the deadline for the leader.
 #[derive(Debug)]

@@ -361,7 +361,7 @@ async fn table_checks() {
 }
 
 /// Counts the requests of a leader and of a follower over one ttl, each through its own
-/// counting proxy, with the default cadence (renew every ttl / 3, poll every ttl / 5).
+/// counting proxy, with the test cadence (renew every 1 s, poll every 500 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_counts_over_one_ttl() {
     let url = moto_url().await;
@@ -426,6 +426,12 @@ async fn request_counts_over_one_ttl() {
     // 9 s), no writes.
     assert!((15..=19).contains(&get(&f, "GetItem")), "{f:?}");
     assert_eq!(f.len(), 1, "{f:?}");
+    // ... eventually consistent, half the price of the leader's consistent reads.
+    let reads: Vec<_> = pf.exchanges().into_keys().map(|e| e.consistent_read).collect();
+    assert!(
+        !reads.is_empty() && reads.iter().all(|c| *c == Some(false)),
+        "{reads:?}"
+    );
     follower.shutdown().await;
     leader.shutdown().await;
 }
