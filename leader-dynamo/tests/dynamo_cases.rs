@@ -427,7 +427,11 @@ async fn request_counts_over_one_ttl() {
     assert!((15..=19).contains(&get(&f, "GetItem")), "{f:?}");
     assert_eq!(f.len(), 1, "{f:?}");
     // ... eventually consistent, half the price of the leader's consistent reads.
-    let reads: Vec<_> = pf.exchanges().into_keys().map(|e| e.consistent_read).collect();
+    let reads: Vec<_> = pf
+        .exchanges()
+        .into_keys()
+        .map(|e| e.consistent_read)
+        .collect();
     assert!(
         !reads.is_empty() && reads.iter().all(|c| *c == Some(false)),
         "{reads:?}"

@@ -11,10 +11,10 @@
 //!
 //! - **acquire**: one candidate on an empty key, from its spawn (and from its elector's start,
 //!   the candidate's `ready` event) to its first term;
-//! - **handover**: two more candidates wait; the leader gets SIGTERM (it releases the lease);
-//!   the time until another's term begins;
-//! - **failover**: the new leader gets SIGKILL; the time until the last one's term begins
-//!   (about a ttl: the lease has to expire).
+//! - **handover**: two more candidates wait; at a random point of their poll cycle the leader
+//!   gets SIGTERM (it releases the lease); the time until the first of them begins its term;
+//! - **failover**: at a random point of its renew cycle the new leader gets SIGKILL; the time
+//!   until the last one's term begins (about a ttl: the lease has to expire).
 //!
 //! Then, once per backend, a holder and one waiting follower, each behind its own
 //! [`FaultProxy`], are left alone for `window` seconds: the store requests each sent, by kind
@@ -60,6 +60,7 @@ use integration_tests::chaos::{
     BackendKind, EV_READY, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, Event, mono_us, open_store,
 };
 use integration_tests::proxy::{Exchange, FaultProxy};
+use leader_core::backend::Rng;
 use leader_core::{ObjectName, Timing};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -243,6 +244,22 @@ impl Site {
         match self.backend {
             Backend::Ours(_) => self.timing.ttl,
             Backend::Peer => Duration::from_secs(self.peer_ttl_s.into()),
+        }
+    }
+
+    /// A waiting follower's cycle: its longest poll (ours) or acquire cooldown (the peer).
+    fn poll_cycle(&self) -> Duration {
+        match self.backend {
+            Backend::Ours(_) => self.timing.poll_every.mul_f64(1.1),
+            Backend::Peer => PEER_ACQUIRE_COOLDOWN,
+        }
+    }
+
+    /// A holder's cycle: its renew (ours) or extend (the peer) period.
+    fn renew_cycle(&self) -> Duration {
+        match self.backend {
+            Backend::Ours(_) => self.timing.renew_every,
+            Backend::Peer => self.ttl() / 2,
         }
     }
 
@@ -476,7 +493,7 @@ struct Samples {
 
 /// One round on a fresh key: acquire, then handover (SIGTERM), then failover (SIGKILL). What
 /// was measured before a failure stays in `samples`.
-async fn round(site: &Site, n: usize, samples: &mut Samples) -> Result<(), String> {
+async fn round(site: &Site, n: usize, samples: &mut Samples, rng: &mut Rng) -> Result<(), String> {
     let key = format!("bench-{n}");
     let patience = site.patience();
     let mut first = site.spawn(&key, "a", Role::Quiet).await?;
@@ -501,8 +518,10 @@ async fn round(site: &Site, n: usize, samples: &mut Samples) -> Result<(), Strin
     })
     .await
     .ok_or("the waiting candidates did not start")?;
-    // Let both try once and settle into waiting.
+    // Let both try once and settle into waiting, then signal at a random point of their
+    // poll cycle: a fixed wait would always meet them at the same phase.
     tokio::time::sleep(site.settle()).await;
+    tokio::time::sleep(rng.duration(Duration::ZERO, site.poll_cycle())).await;
 
     let sent = mono_us();
     first.signal(Signal::SIGTERM);
@@ -521,6 +540,9 @@ async fn round(site: &Site, n: usize, samples: &mut Samples) -> Result<(), Strin
 
     let [b, c] = &mut waiting;
     let (leader, last) = if next == 0 { (b, c) } else { (c, b) };
+    // At a random point of the new leader's renew cycle: the failover depends on how long ago
+    // its last write was.
+    tokio::time::sleep(rng.duration(Duration::ZERO, site.renew_cycle())).await;
     let sent = mono_us();
     leader.kill_now();
     let took_over = poll(patience, || last.logged(EV_TERM_STARTED, sent))
@@ -719,8 +741,10 @@ async fn bench_backend(backend: Backend, settings: &Settings, bins: Bins) -> Bac
             return report;
         }
     };
+    // Where in the followers' and holder's cycles each signal lands.
+    let mut rng = Rng::from_entropy();
     for n in 1..=settings.rounds {
-        match round(&site, n, &mut report.samples).await {
+        match round(&site, n, &mut report.samples, &mut rng).await {
             Ok(()) => report.rounds_ok += 1,
             Err(e) => report.failures.push(format!("round {n}: {e}")),
         }
@@ -868,9 +892,10 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
     s.push_str(
         "## Latency, ms (min / median / max)\n\n\
          Acquire: one candidate on a free key, from its spawn and from its elector's start \
-         (its `ready`) to its term. Handover: two more wait; the leader gets SIGTERM and \
-         releases; until another's term begins. Failover: that one gets SIGKILL; until the \
-         last one's term begins (the lease has to expire).\n\n\
+         (its `ready`) to its term. Handover: two more wait; at a random point of their poll \
+         cycle the leader gets SIGTERM and releases; until the first of the two begins its \
+         term. Failover: at a random point of its renew cycle, that one gets SIGKILL; until \
+         the last one's term begins (the lease has to expire).\n\n\
          | backend | rounds ok | acquire (spawn to leader) | acquire (elector start to leader) \
          | handover after SIGTERM | failover after SIGKILL |\n\
          |---|---|---|---|---|---|\n",
