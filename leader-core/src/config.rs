@@ -23,7 +23,8 @@ pub struct Timing {
     pub retry_every: Duration,
     /// How often a follower reads the record while the store answers (default
     /// [`Timing::DEFAULT_POLL_EVERY`], at most `ttl / 5`). Each wait is drawn from
-    /// `[poll_every, 1.1 x poll_every]` so that followers do not poll in lockstep. A graceful
+    /// `[poll_every, 1.1 x poll_every]`, the first of a campaign from
+    /// `[0, 1.1 x poll_every]`, so that followers do not poll in lockstep. A graceful
     /// release is seen within one poll; a store that tells of changes (the file and memory
     /// stores) wakes the follower sooner, and the poll is the safety net.
     pub poll_every: Duration,

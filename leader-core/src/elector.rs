@@ -728,6 +728,10 @@ impl Driver {
         let poll = self.real(self.timing.poll_every);
         let mut backoff = Backoff::new(retry / 4, retry).pauses();
         let mut failing = false;
+        // The first wait of a campaign starts at a random phase of the poll cycle, so that
+        // followers started together (an autoscaling group) do not poll in lockstep; the
+        // later ones are jittered up to 1.1 x.
+        let mut shortest = Duration::ZERO;
         loop {
             if self.shared.shutdown.is_cancelled() {
                 return FollowEnd::Shutdown;
@@ -766,7 +770,9 @@ impl Driver {
                     }
                     backoff.reset();
                     self.shared.publish(Leadership::Follower { leader });
-                    let poll = Instant::now() + self.rng.duration(poll, poll * 11 / 10);
+                    let wait = self.rng.duration(shortest, poll * 11 / 10);
+                    shortest = poll;
+                    let poll = Instant::now() + wait;
                     takeover_at.map_or(poll, |t| t.min(poll))
                 }
                 Err(e) if is_permanent(&e) => {

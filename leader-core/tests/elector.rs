@@ -29,6 +29,8 @@ struct Logged {
     writes: Mutex<Vec<(Instant, WriteKind, String)>>,
     /// Every read.
     reads: AtomicUsize,
+    /// When each read arrived.
+    read_at: Mutex<Vec<Instant>>,
 }
 
 /// Gives no change hints (the trait's default): followers poll.
@@ -36,6 +38,7 @@ struct Logged {
 impl LeaseBackend for Logged {
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        self.read_at.lock().unwrap().push(Instant::now());
         self.inner.read(key).await
     }
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
@@ -195,6 +198,51 @@ async fn a_waiting_follower_reads_once_per_poll_and_never_writes() {
     // a's renews read nothing; all these reads are b's polls.
     assert!((109..=121).contains(&reads), "{reads} reads in a minute");
     assert!(store.writes_by("b").is_empty());
+}
+
+/// Followers started at the same instant (an autoscaling group) do not poll in lockstep: the
+/// first wait of each is drawn from the whole poll cycle.
+#[tokio::test(start_paused = true)]
+async fn followers_started_together_poll_at_different_phases() {
+    let memory = MemoryStore::new();
+    let a = elector(Arc::new(memory.clone()), "a").spawn();
+    let _term = a.wait_for_term().await.unwrap();
+    let stores: Vec<Arc<Logged>> = (0..4)
+        .map(|_| {
+            Arc::new(Logged {
+                inner: memory.clone(),
+                ..Logged::default()
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let _followers: Vec<ElectorHandle> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Elector::builder(s.clone(), key())
+                .ttl(TTL)
+                .holder_id(HolderId::new(format!("f{i}")).unwrap())
+                .jitter_seed(100 + i as u64)
+                .build()
+                .unwrap()
+                .spawn()
+        })
+        .collect();
+    sleep(Duration::from_secs(2)).await;
+    let second_reads: Vec<Duration> = stores
+        .iter()
+        .map(|s| s.read_at.lock().unwrap()[1] - started)
+        .collect();
+    for d in &second_reads {
+        assert!(*d <= Duration::from_millis(550), "{second_reads:?}");
+    }
+    let (min, max) = (
+        second_reads.iter().min().unwrap(),
+        second_reads.iter().max().unwrap(),
+    );
+    // Spread over the cycle, not within the 10 % jitter of one period.
+    assert!(*max - *min > Duration::from_millis(100), "{second_reads:?}");
 }
 
 /// A store that tells of changes (the memory store does) wakes a follower at once: the
