@@ -76,6 +76,16 @@ fn elector(store: Arc<dyn LeaseBackend>, holder: &str) -> Elector {
         .unwrap()
 }
 
+/// A candidate that has seen the lease held by another and waits.
+async fn follower(store: Arc<dyn LeaseBackend>, holder: &str) -> ElectorHandle {
+    let handle = elector(store, holder).spawn();
+    wait_until(&handle, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    handle
+}
+
 async fn wait_until(handle: &ElectorHandle, f: impl Fn(&Leadership) -> bool) -> Leadership {
     let mut rx = handle.leadership();
     timeout(Duration::from_secs(300), rx.wait_for(|l| f(l)))
@@ -137,11 +147,7 @@ async fn a_follower_takes_over_a_full_ttl_after_the_leaders_last_write() {
     let (a, a_task) = elector(store.clone(), "a").into_parts();
     let a_task = tokio::spawn(a_task);
     let term_a = a.wait_for_term().await.unwrap();
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     sleep(Duration::from_secs(7)).await;
     // The leader's process dies: no release.
     a_task.abort();
@@ -164,11 +170,7 @@ async fn after_a_release_a_follower_takes_over_within_one_poll() {
     let store = Arc::new(Logged::default());
     let a = elector(store.clone(), "a").spawn();
     let term_a = a.wait_for_term().await.unwrap();
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     // Somewhere in b's poll cycle.
     sleep(Duration::from_millis(1234)).await;
     let t_a = term_a.token();
@@ -187,11 +189,7 @@ async fn a_waiting_follower_reads_once_per_poll_and_never_writes() {
     let store = Arc::new(Logged::default());
     let a = elector(store.clone(), "a").spawn();
     let _term_a = a.wait_for_term().await.unwrap();
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     let before = store.reads.load(Ordering::SeqCst);
     sleep(Duration::from_secs(60)).await;
     let reads = store.reads.load(Ordering::SeqCst) - before;
@@ -252,11 +250,7 @@ async fn a_change_hint_wakes_the_follower_at_once() {
     let store = Arc::new(MemoryStore::new());
     let a = elector(store.clone(), "a").spawn();
     let term_a = a.wait_for_term().await.unwrap();
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     let t_a = term_a.token();
     drop(term_a);
     let shutdown_at = Instant::now();
@@ -272,11 +266,7 @@ async fn dropping_the_handle_releases_the_lease() {
     let store = Arc::new(MemoryStore::new());
     let a = elector(store.clone(), "a").spawn();
     drop(a.wait_for_term().await.unwrap());
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     let dropped_at = Instant::now();
     drop(a);
     b.wait_for_term().await.unwrap();
@@ -360,11 +350,7 @@ async fn resign_hands_over_and_sits_out_one_ttl() {
     let store = Arc::new(MemoryStore::new());
     let a = elector(store.clone(), "a").spawn();
     let term = a.wait_for_term().await.unwrap();
-    let b = elector(store.clone(), "b").spawn();
-    wait_until(&b, |l| {
-        matches!(l, Leadership::Follower { leader: Some(_) })
-    })
-    .await;
+    let b = follower(store.clone(), "b").await;
     drop(term);
     let at = Instant::now();
     a.resign().await.unwrap();
