@@ -684,6 +684,9 @@ struct Driver {
     changes: Option<Changes>,
 }
 
+/// The shortest time between two reads of a follower woken by change hints.
+const HINT_FLOOR: Duration = Duration::from_millis(20);
+
 /// The next change hint, or never if the store gives none.
 async fn next_change(changes: &mut Option<Changes>) {
     match changes {
@@ -737,6 +740,7 @@ impl Driver {
                 return FollowEnd::Shutdown;
             }
             let cooling = self.cooldown_until.is_some_and(|t| Instant::now() < t);
+            let anchor_at = Instant::now();
             let anchor = Anchor::now();
             let attempt = if cooling {
                 self.client.observe().await.map(|s| Acquisition::Following {
@@ -752,7 +756,7 @@ impl Driver {
             } else {
                 self.client.try_acquire().await
             };
-            let next = match attempt {
+            let mut next = match attempt {
                 Ok(Acquisition::Acquired(grant)) => {
                     if self.shared.shutdown.is_cancelled() {
                         let _ = self.client.release().await;
@@ -802,8 +806,14 @@ impl Driver {
                     },
                     _ = sleep_until(next) => break,
                     () = next_change(&mut self.changes) => {
-                        debug!("the store reports a change; reading now");
-                        break;
+                        // Read at once, but not more often than every HINT_FLOOR: hints only
+                        // make a read sooner, whatever a store sends.
+                        let soon = anchor_at + HINT_FLOOR;
+                        if Instant::now() >= soon {
+                            debug!("the store reports a change; reading now");
+                            break;
+                        }
+                        next = next.min(soon);
                     }
                 }
             }

@@ -654,7 +654,16 @@ impl LeaseBackend for FileStore {
         let (folder, name) = (path.parent()?.to_owned(), path.file_name()?.to_owned());
         let (notifier, changes) = Changes::channel();
         let handler = move |event: notify::Result<notify::Event>| {
+            // Only what changes the record: a rename onto it, a write, a delete. Opening and
+            // reading it (every follower's read) is not a change, and hinting it would wake
+            // the followers into reading each other's reads forever.
             if let Ok(event) = event
+                && matches!(
+                    event.kind,
+                    notify::EventKind::Create(_)
+                        | notify::EventKind::Modify(_)
+                        | notify::EventKind::Remove(_)
+                )
                 && event
                     .paths
                     .iter()

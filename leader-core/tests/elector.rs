@@ -243,6 +243,50 @@ async fn followers_started_together_poll_at_different_phases() {
     assert!(*max - *min > Duration::from_millis(100), "{second_reads:?}");
 }
 
+/// A store whose every read sends a change hint (a buggy watch).
+#[derive(Debug)]
+struct Chatty {
+    inner: MemoryStore,
+    notifier: leader_core::backend::ChangeNotifier,
+    reads: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseBackend for Chatty {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        // Stops after 5,000, so that a follower without a floor ends its loop here.
+        if self.reads.fetch_add(1, Ordering::SeqCst) < 5_000 {
+            self.notifier.notify();
+        }
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.inner.write(request).await
+    }
+    fn changes(&self, _key: &LeaseKey) -> Option<leader_core::backend::Changes> {
+        Some(self.notifier.subscribe())
+    }
+}
+
+/// Hints only make a read sooner: a store that hints on every read gets at most one read per
+/// 20 ms from a follower, not a loop.
+#[tokio::test(start_paused = true)]
+async fn a_chatty_store_cannot_make_a_follower_spin() {
+    let memory = MemoryStore::new();
+    let a = elector(Arc::new(memory.clone()), "a").spawn();
+    let _term = a.wait_for_term().await.unwrap();
+    let chatty = Arc::new(Chatty {
+        inner: memory,
+        notifier: leader_core::backend::Changes::channel().0,
+        reads: AtomicUsize::new(0),
+    });
+    let _b = follower(chatty.clone(), "b").await;
+    let before = chatty.reads.load(Ordering::SeqCst);
+    sleep(Duration::from_secs(1)).await;
+    let reads = chatty.reads.load(Ordering::SeqCst) - before;
+    assert!(reads <= 51, "{reads} reads in a second");
+}
+
 /// A store that tells of changes (the memory store does) wakes a follower at once: the
 /// handover takes no poll at all.
 #[tokio::test(start_paused = true)]

@@ -403,3 +403,66 @@ async fn a_release_wakes_the_follower_before_its_poll() {
         .unwrap();
     assert_eq!(term.token(), FencingToken(2));
 }
+
+/// Counts the reads of one candidate on the file store, passing its change hints on.
+#[derive(Debug)]
+struct CountingReads {
+    inner: FileStore,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LeaseBackend for CountingReads {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<leader_core::backend::Stored>, Error> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read(key).await
+    }
+    async fn write(
+        &self,
+        request: leader_core::backend::WriteRequest,
+    ) -> Result<leader_core::backend::WriteOutcome, Error> {
+        self.inner.write(request).await
+    }
+    fn changes(&self, key: &LeaseKey) -> Option<leader_core::backend::Changes> {
+        self.inner.changes(key)
+    }
+}
+
+/// Followers' reads of the record are not changes: two followers woken by hints read about
+/// once per change and per poll, not each other's reads in a loop (which starved the leader's
+/// renews in the chaos drills).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_reading_do_not_wake_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path()).unwrap();
+    let candidate = |who: &str, backend: Arc<dyn LeaseBackend>| {
+        leader_core::Elector::builder(backend, key())
+            .ttl(Duration::from_secs(2))
+            .holder_id(HolderId::new(who).unwrap())
+            .build()
+            .unwrap()
+            .spawn()
+    };
+    let leader = candidate("a", Arc::new(store.clone()));
+    drop(leader.wait_for_term().await.unwrap());
+    let counted: Vec<Arc<CountingReads>> = (0..2)
+        .map(|_| {
+            Arc::new(CountingReads {
+                inner: store.clone(),
+                reads: Default::default(),
+            })
+        })
+        .collect();
+    let _followers: Vec<_> = counted
+        .iter()
+        .enumerate()
+        .map(|(i, c)| candidate(&format!("f{i}"), c.clone()))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for c in &counted {
+        // 3 s: about 8 polls (every 0.4 s) and 3 renews (every second) to read.
+        let reads = c.reads.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(reads <= 30, "{reads} reads in 3 s");
+    }
+    assert!(leader.current().is_leader());
+}
