@@ -189,7 +189,7 @@ async fn a_waiting_follower_reads_once_per_poll_and_never_writes() {
     let store = Arc::new(Logged::default());
     let a = elector(store.clone(), "a").spawn();
     let _term_a = a.wait_for_term().await.unwrap();
-    let b = follower(store.clone(), "b").await;
+    let _b = follower(store.clone(), "b").await;
     let before = store.reads.load(Ordering::SeqCst);
     sleep(Duration::from_secs(60)).await;
     let reads = store.reads.load(Ordering::SeqCst) - before;
