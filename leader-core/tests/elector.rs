@@ -288,7 +288,7 @@ async fn a_chatty_store_cannot_make_a_follower_spin() {
 }
 
 /// A store that tells of changes (the memory store does) wakes a follower at once: the
-/// handover takes no poll at all.
+/// handover takes no poll, only the wait that keeps hint-driven reads 20 ms apart at most.
 #[tokio::test(start_paused = true)]
 async fn a_change_hint_wakes_the_follower_at_once() {
     let store = Arc::new(MemoryStore::new());
@@ -301,7 +301,7 @@ async fn a_change_hint_wakes_the_follower_at_once() {
     a.shutdown().await;
     let term_b = b.wait_for_term().await.unwrap();
     let took = Instant::now() - shutdown_at;
-    assert!(took < Duration::from_millis(10), "handover took {took:?}");
+    assert!(took <= Duration::from_millis(20), "handover took {took:?}");
     assert!(term_b.token() > t_a);
 }
 
