@@ -188,7 +188,8 @@ async fn no_usable_credentials_fail_clearly_within_the_request_timeout() {
 async fn timing_must_respect_the_write_rate() {
     let bucket = Bucket::new();
     let store = bucket.store().await;
-    let fast = Timing::from_ttl(Duration::from_secs(2)); // renews every 667 ms
+    let mut fast = Timing::from_ttl(Duration::from_secs(2));
+    fast.renew_every = Duration::from_millis(667);
     let err = store.check_timing(&fast).unwrap_err();
     assert!(
         matches!(&err, ConfigError::Unsupported { backend: "gcs", .. }),
