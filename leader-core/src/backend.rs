@@ -258,11 +258,7 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
         key: &LeaseKey,
         known: Option<&Revision>,
     ) -> Result<IfChanged, Error> {
-        let current = self.read(key).await?;
-        Ok(match (&current, known) {
-            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
-            _ => IfChanged::Changed(current),
-        })
+        Ok(IfChanged::compared(self.read(key).await?, known))
     }
 
     /// Hints that the record of `key` may have changed, for a store that can tell (a file
@@ -294,6 +290,16 @@ pub enum IfChanged {
     Unchanged,
     /// The record now (`None`: there is none).
     Changed(Option<Stored>),
+}
+
+impl IfChanged {
+    /// What a read that found `current` tells a follower who knows revision `known`.
+    pub fn compared(current: Option<Stored>, known: Option<&Revision>) -> Self {
+        match (&current, known) {
+            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
+            _ => IfChanged::Changed(current),
+        }
+    }
 }
 
 /// Hints from a store that a lease record may have changed; see [`LeaseBackend::changes`].

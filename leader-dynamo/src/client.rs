@@ -621,10 +621,7 @@ impl LeaseBackend for DynamoStore {
         known: Option<&Revision>,
     ) -> Result<IfChanged, Error> {
         let current = self.read_lease(key, Consistency::Eventual).await?;
-        Ok(match (&current, known) {
-            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
-            _ => IfChanged::Changed(current),
-        })
+        Ok(IfChanged::compared(current, known))
     }
 
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {

@@ -288,10 +288,7 @@ impl LeaseBackend for Recorder {
         known: Option<&Revision>,
     ) -> Result<IfChanged, Error> {
         let seen = lock(&self.0.replica).read(self.0.config.replica_lag);
-        Ok(match (&seen, known) {
-            (Some(s), Some(k)) if s.revision == *k => IfChanged::Unchanged,
-            _ => IfChanged::Changed(seen),
-        })
+        Ok(IfChanged::compared(seen, known))
     }
 
     fn changes(&self, key: &LeaseKey) -> Option<Changes> {
