@@ -163,6 +163,15 @@ async fn acquire(c: &mut LeaseClient, case: &'static str, who: &str) -> Result<G
     }
 }
 
+/// The fence of `c`'s term `g`.
+fn fence_of(c: &LeaseClient, g: &Grant) -> Fence {
+    Fence {
+        key: c.key().clone(),
+        holder: c.holder().clone(),
+        token: g.token,
+    }
+}
+
 fn record(holder: &str, token: u64, ttl: Duration) -> Result<LeaseRecord, Failure> {
     let holder = HolderId::new(holder).ctx("record", "holder id")?;
     Ok(LeaseRecord::held(
@@ -712,11 +721,7 @@ pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result
     let mut a = client(h, CASE, &key, "a").await?;
     let mut b = client(h, CASE, &key, "b").await?;
     let g1 = acquire(&mut a, CASE, "a").await?;
-    let fence_a = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: g1.token,
-    };
+    let fence_a = fence_of(&a, &g1);
     store
         .fenced_write(&fence_a, &object, b"from a")
         .await
@@ -727,11 +732,7 @@ pub async fn deposed_fenced_write_rejected<H: Harness + ?Sized>(h: &H) -> Result
         "release failed"
     );
     let g2 = acquire(&mut b, CASE, "b").await?;
-    let fence_b = Fence {
-        key: key.clone(),
-        holder: b.holder().clone(),
-        token: g2.token,
-    };
+    let fence_b = fence_of(&b, &g2);
     store
         .fenced_write(&fence_b, &object, b"from b")
         .await
@@ -781,11 +782,7 @@ pub async fn fenced_put_needs_the_revision_it_read<H: Harness + ?Sized>(
     let store = h.store().await.ctx(CASE, "connecting")?;
     let mut a = client(h, CASE, &key, "a").await?;
     let g = acquire(&mut a, CASE, "a").await?;
-    let fence = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: g.token,
-    };
+    let fence = fence_of(&a, &g);
     let first = store
         .fenced_write(&fence, &object, b"first")
         .await
@@ -861,11 +858,7 @@ pub async fn token_survives_deletion<H: Harness + ?Sized>(h: &H) -> Result<(), F
         g0.token
     );
     // b's term is live when its record is deleted.
-    let fence_old = Fence {
-        key: key.clone(),
-        holder: b.holder().clone(),
-        token: g1.token,
-    };
+    let fence_old = fence_of(&b, &g1);
     store
         .fenced_write(&fence_old, &object, b"old term")
         .await
@@ -889,11 +882,7 @@ pub async fn token_survives_deletion<H: Harness + ?Sized>(h: &H) -> Result<(), F
             "round {round}: token {} after deletion is not above {highest}, issued before it",
             g.token
         );
-        let fence = Fence {
-            key: key.clone(),
-            holder: fresh.holder().clone(),
-            token: g.token,
-        };
+        let fence = fence_of(&fresh, &g);
         store
             .fenced_write(&fence, &object, b"new term")
             .await
