@@ -167,20 +167,25 @@ async fn a_follower_takes_over_a_full_ttl_after_the_leaders_last_write() {
 /// poll: within `1.1 x poll_every`, not a ttl or a retry later.
 #[tokio::test(start_paused = true)]
 async fn after_a_release_a_follower_takes_over_within_one_poll() {
-    let store = Arc::new(Logged::default());
+    // Somewhere in b's poll cycle.
+    let took = handover(Arc::new(Logged::default()), Duration::from_millis(1234)).await;
+    assert!(took <= Duration::from_millis(550), "handover took {took:?}");
+}
+
+/// `a` leads and `b` follows on `store`; `pause` later `a` shuts down (releasing the lease).
+/// Returns how long until `b`'s term began, having checked that its token is higher.
+async fn handover(store: Arc<dyn LeaseBackend>, pause: Duration) -> Duration {
     let a = elector(store.clone(), "a").spawn();
     let term_a = a.wait_for_term().await.unwrap();
-    let b = follower(store.clone(), "b").await;
-    // Somewhere in b's poll cycle.
-    sleep(Duration::from_millis(1234)).await;
+    let b = follower(store, "b").await;
+    sleep(pause).await;
     let t_a = term_a.token();
     drop(term_a);
     let shutdown_at = Instant::now();
     a.shutdown().await;
     let term_b = b.wait_for_term().await.unwrap();
-    let took = Instant::now() - shutdown_at;
-    assert!(took <= Duration::from_millis(550), "handover took {took:?}");
     assert!(term_b.token() > t_a);
+    Instant::now() - shutdown_at
 }
 
 /// A waiting follower costs one read per poll (500 to 550 ms apart, jittered) and no write.
@@ -291,18 +296,8 @@ async fn a_chatty_store_cannot_make_a_follower_spin() {
 /// handover takes no poll, only the wait that keeps hint-driven reads 20 ms apart at most.
 #[tokio::test(start_paused = true)]
 async fn a_change_hint_wakes_the_follower_at_once() {
-    let store = Arc::new(MemoryStore::new());
-    let a = elector(store.clone(), "a").spawn();
-    let term_a = a.wait_for_term().await.unwrap();
-    let b = follower(store.clone(), "b").await;
-    let t_a = term_a.token();
-    drop(term_a);
-    let shutdown_at = Instant::now();
-    a.shutdown().await;
-    let term_b = b.wait_for_term().await.unwrap();
-    let took = Instant::now() - shutdown_at;
+    let took = handover(Arc::new(MemoryStore::new()), Duration::ZERO).await;
     assert!(took <= Duration::from_millis(20), "handover took {took:?}");
-    assert!(term_b.token() > t_a);
 }
 
 #[tokio::test(start_paused = true)]
