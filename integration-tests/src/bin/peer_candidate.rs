@@ -11,16 +11,12 @@
 //! `ttl_s / 2`, and a follower's acquire attempt (a conditional `PutItem`) every second. On
 //! SIGTERM it releases the lease (a conditional `DeleteItem`, awaited) and exits; SIGKILL
 //! leaves the lease to expire. Exits 2 on a bad argument, 1 if the client cannot be built.
-#![allow(
-    clippy::print_stderr,
-    reason = "a command-line program reports its errors"
-)]
-
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::config::retry::RetryConfig;
+use integration_tests::chaos::candidate::candidate_main;
 use integration_tests::chaos::{EV_EXIT, EV_READY, EV_TERM_ENDED, EV_TERM_STARTED, Event, mono_us};
 use integration_tests::{Emulator, Endpoint, Source};
 use tokio::signal::unix::{SignalKind, signal};
@@ -155,27 +151,7 @@ async fn run(args: Args) -> Result<(), String> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LEADER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .try_init();
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("peer_candidate: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("peer_candidate: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    candidate_main("peer_candidate", parse, run).await
 }
 
 #[cfg(test)]

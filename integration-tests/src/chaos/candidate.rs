@@ -154,6 +154,44 @@ impl Log {
     }
 }
 
+/// The `main` of a candidate binary called `name`: the elector's warnings (`LEADER_LOG`,
+/// default `warn`) go to stderr, next to the events on stdout; the arguments are read by
+/// `parse` (exit 2 if they are bad) and handed to `run` (exit 1 if it fails).
+#[allow(
+    clippy::print_stderr,
+    reason = "a command-line program reports its errors"
+)]
+pub async fn candidate_main<A, F>(
+    name: &str,
+    parse: impl FnOnce(std::iter::Skip<std::env::Args>) -> Result<A, String>,
+    run: impl FnOnce(A) -> F,
+) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEADER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs a candidate until SIGTERM (graceful: the term's work stops, the lease is released).
 ///
 /// # Errors
