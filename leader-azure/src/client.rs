@@ -519,8 +519,10 @@ impl AzureLeaseStore {
             // Any request sent may be applied: from now on, the lease may be ours.
             let maybe_ours = pending.armed;
             pending.armed = true;
-            let limit = per_attempt.min(left);
-            match tokio::time::timeout(limit, blob.acquire_lease(duration, Some(options))).await {
+            // Never past `deadline` (a timer from a later `now` could fall a tick after it).
+            let until = (Instant::now() + per_attempt).min(deadline);
+            match tokio::time::timeout_at(until, blob.acquire_lease(duration, Some(options))).await
+            {
                 Ok(Ok(response)) => {
                     if attempts > 1 {
                         info!(%key, attempts, "took the blob lease after asking again with the same lease id");
@@ -551,7 +553,7 @@ impl AzureLeaseStore {
                     last = Some(self.err(e, "acquiring the blob lease", Effect::Settled));
                 }
                 Err(_) => {
-                    debug!(%key, attempt = attempts, after = ?limit, "no answer to the lease call; asking again with the same lease id");
+                    debug!(%key, attempt = attempts, after = ?per_attempt.min(left), "no answer to the lease call; asking again with the same lease id");
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -238,7 +238,10 @@ impl Call {
         let mut rng = Rng::from_entropy();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let error = match tokio::time::timeout(left, attempt(left)).await {
+            // At the deadline itself, not `left` from now: a timer computed from a later `now`
+            // can fall a tick after the caller's `within`, which then cuts the call off
+            // before it can say how it ended.
+            let error = match tokio::time::timeout_at(deadline, attempt(left)).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(error)) => error,
                 Err(_) => return Err(self.out_of_time(budget)),
