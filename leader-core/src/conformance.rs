@@ -1032,9 +1032,12 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
         "THE STORE ACCEPTED A CREATE OVER AN EXISTING RECORD: {recreate:?}"
     );
     let now = store.read(&key).await.ctx(CASE, "read")?;
+    // The last accepted write, by its revision and nonce (not its token: a store may report
+    // a term's token from its own facts, such as etcd's create revision).
     ensure!(
-        now.as_ref()
-            .is_some_and(|s| s.record.token == FencingToken(2)),
+        now.as_ref().is_some_and(
+            |s| s.revision == second.revision && s.record.nonce == second.record.nonce
+        ),
         CASE,
         "the record must be the last accepted write: {now:?}"
     );

@@ -1,0 +1,275 @@
+//! The etcd v3 gRPC calls the store makes, over one tonic channel: KV `Range` and `Txn`, Lease
+//! `LeaseGrant`, `LeaseRevoke` and `LeaseKeepAlive`, `Watch`, and Auth `Authenticate`.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use tokio_stream::StreamExt;
+use tonic::client::Grpc;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::Channel;
+use tonic::{Request, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use crate::wire;
+
+const RANGE: &str = "/etcdserverpb.KV/Range";
+const TXN: &str = "/etcdserverpb.KV/Txn";
+const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
+const LEASE_REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
+const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
+const WATCH: &str = "/etcdserverpb.Watch/Watch";
+const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+
+/// A user name and password, and the token etcd gave for them.
+pub(crate) struct Auth {
+    pub(crate) user: String,
+    pub(crate) password: String,
+    token: RwLock<Option<AsciiMetadataValue>>,
+}
+
+impl Auth {
+    pub(crate) fn new(user: String, password: String) -> Self {
+        Self {
+            user,
+            password,
+            token: RwLock::new(None),
+        }
+    }
+}
+
+/// The gRPC client: cheap to clone (the channel is shared).
+#[derive(Clone)]
+pub(crate) struct Rpc {
+    grpc: Grpc<Channel>,
+    auth: Option<Arc<Auth>>,
+}
+
+impl Rpc {
+    pub(crate) fn new(channel: Channel, auth: Option<Auth>) -> Self {
+        Self {
+            grpc: Grpc::new(channel),
+            auth: auth.map(Arc::new),
+        }
+    }
+
+    /// A request with the auth token (authenticating first if there is none yet) and a
+    /// deadline the server also sees (`grpc-timeout`).
+    async fn request<T>(&self, message: T, left: Duration) -> Result<Request<T>, Status> {
+        let mut request = Request::new(message);
+        request.set_timeout(left);
+        if let Some(auth) = &self.auth {
+            let cached = auth.token.read().ok().and_then(|t| t.clone());
+            let token = match cached {
+                Some(token) => token,
+                None => self.authenticate(auth, left).await?,
+            };
+            request.metadata_mut().insert("token", token);
+        }
+        Ok(request)
+    }
+
+    async fn authenticate(
+        &self,
+        auth: &Auth,
+        left: Duration,
+    ) -> Result<AsciiMetadataValue, Status> {
+        let mut request = Request::new(wire::AuthenticateRequest {
+            name: auth.user.clone(),
+            password: auth.password.clone(),
+        });
+        request.set_timeout(left);
+        let answer: wire::AuthenticateResponse = self.call(AUTHENTICATE, request).await?;
+        let token = AsciiMetadataValue::try_from(answer.token.as_str())
+            .map_err(|_| Status::internal("etcd returned an auth token that is not ASCII"))?;
+        if let Ok(mut slot) = auth.token.write() {
+            *slot = Some(token.clone());
+        }
+        Ok(token)
+    }
+
+    /// Forgets the auth token after etcd refused it, so that the next request authenticates.
+    fn on_error(&self, status: &Status) {
+        if let Some(auth) = &self.auth
+            && crate::error::is_stale_token(status)
+            && let Ok(mut slot) = auth.token.write()
+        {
+            *slot = None;
+        }
+    }
+
+    async fn call<Req, Resp>(
+        &self,
+        path: &'static str,
+        request: Request<Req>,
+    ) -> Result<Resp, Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = self.grpc.clone();
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
+        let answer = grpc
+            .unary(
+                request,
+                PathAndQuery::from_static(path),
+                ProstCodec::default(),
+            )
+            .await;
+        match answer {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => {
+                self.on_error(&status);
+                Err(status)
+            }
+        }
+    }
+
+    async fn unary<Req, Resp>(
+        &self,
+        path: &'static str,
+        message: Req,
+        left: Duration,
+    ) -> Result<Resp, Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let request = self.request(message, left).await?;
+        self.call(path, request).await
+    }
+
+    /// Reads one key: linearizable, or `serializable` (served by the member asked, may lag).
+    pub(crate) async fn get(
+        &self,
+        key: &[u8],
+        serializable: bool,
+        left: Duration,
+    ) -> Result<(Option<wire::KeyValue>, i64), Status> {
+        let request = wire::RangeRequest {
+            key: key.to_vec(),
+            serializable,
+            ..wire::RangeRequest::default()
+        };
+        let answer: wire::RangeResponse = self.unary(RANGE, request, left).await?;
+        let revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        Ok((answer.kvs.into_iter().next(), revision))
+    }
+
+    /// Counts the keys from `key` to the end of its prefix range: a cheap request that proves
+    /// the cluster answers and the user may read there.
+    pub(crate) async fn probe(&self, key: &[u8], left: Duration) -> Result<(), Status> {
+        let request = wire::RangeRequest {
+            key: key.to_vec(),
+            count_only: true,
+            ..wire::RangeRequest::default()
+        };
+        let _: wire::RangeResponse = self.unary(RANGE, request, left).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn txn(
+        &self,
+        txn: wire::TxnRequest,
+        left: Duration,
+    ) -> Result<wire::TxnResponse, Status> {
+        self.unary(TXN, txn, left).await
+    }
+
+    /// Grants lease `id` for `ttl_secs`; returns the ttl granted.
+    pub(crate) async fn grant(
+        &self,
+        id: i64,
+        ttl_secs: i64,
+        left: Duration,
+    ) -> Result<i64, Status> {
+        let request = wire::LeaseGrantRequest { ttl: ttl_secs, id };
+        let answer: wire::LeaseGrantResponse = self.unary(LEASE_GRANT, request, left).await?;
+        if !answer.error.is_empty() {
+            return Err(Status::failed_precondition(answer.error));
+        }
+        Ok(answer.ttl)
+    }
+
+    /// Revokes lease `id`, deleting the keys attached to it.
+    pub(crate) async fn revoke(&self, id: i64, left: Duration) -> Result<(), Status> {
+        let _: wire::LeaseRevokeResponse = self
+            .unary(LEASE_REVOKE, wire::LeaseRevokeRequest { id }, left)
+            .await?;
+        Ok(())
+    }
+
+    /// Refreshes lease `id` once; returns its new ttl in seconds (0 or less: it is gone).
+    pub(crate) async fn keep_alive(&self, id: i64, left: Duration) -> Result<i64, Status> {
+        let request = self
+            .request(tokio_stream::once(wire::LeaseKeepAliveRequest { id }), left)
+            .await?;
+        let mut grpc = self.grpc.clone();
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
+        let answer = grpc
+            .streaming(
+                request,
+                PathAndQuery::from_static(LEASE_KEEP_ALIVE),
+                ProstCodec::default(),
+            )
+            .await;
+        let mut stream: Streaming<wire::LeaseKeepAliveResponse> = match answer {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                self.on_error(&status);
+                return Err(status);
+            }
+        };
+        match stream.message().await {
+            Ok(Some(answer)) => Ok(answer.ttl),
+            Ok(None) => Err(Status::unknown(
+                "etcd closed the keep-alive stream without an answer",
+            )),
+            Err(status) => {
+                self.on_error(&status);
+                Err(status)
+            }
+        }
+    }
+
+    /// Watches `key`: a stream of responses, one per batch of changes, until it fails.
+    pub(crate) async fn watch(
+        &self,
+        key: &[u8],
+        connect: Duration,
+    ) -> Result<Streaming<wire::WatchResponse>, Status> {
+        let create = wire::WatchRequest {
+            request_union: Some(wire::WatchRequestUnion::CreateRequest(
+                wire::WatchCreateRequest { key: key.to_vec() },
+            )),
+        };
+        // The request stream stays open: closing it would end the watch.
+        let requests = tokio_stream::once(create).chain(tokio_stream::pending());
+        let mut request = self.request(requests, connect).await?;
+        // The watch itself has no deadline; only the token lookup above had one.
+        request.metadata_mut().remove("grpc-timeout");
+        let mut grpc = self.grpc.clone();
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
+        match grpc
+            .streaming(
+                request,
+                PathAndQuery::from_static(WATCH),
+                ProstCodec::default(),
+            )
+            .await
+        {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => {
+                self.on_error(&status);
+                Err(status)
+            }
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! What is particular to etcd, against a real server: etcd ends a lease by itself, the watch
+//! wakes followers, fenced writes check the lease key, the token is the create revision.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::backend::Fence;
+use leader_core::{
+    Acquisition, Error, FencedStore, HolderId, LeaseBackend, LeaseClient, ObjectName, Renewal,
+};
+use support::{Prefix, Raw};
+use tokio::time::{Instant, timeout};
+
+fn client(store: &leader_etcd::EtcdStore, key: &leader_core::LeaseKey, who: &str) -> LeaseClient {
+    let backend: Arc<dyn LeaseBackend> = Arc::new(store.clone());
+    LeaseClient::new(
+        backend,
+        key.clone(),
+        HolderId::new(who).unwrap(),
+        support::timing(),
+    )
+    .unwrap()
+}
+
+async fn acquired(c: &mut LeaseClient) -> leader_core::Grant {
+    match c.try_acquire().await.unwrap() {
+        Acquisition::Acquired(g) => g,
+        other => panic!("{} should have acquired: {other:?}", c.holder()),
+    }
+}
+
+/// A holder that stops renewing (a crash) loses its key when etcd's lease runs out, with no
+/// follower timing anything: the follower acquires once etcd deleted the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_ends_a_lease_that_is_not_renewed() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let raw = Raw::new().await;
+    let mut a = client(&store, &key, "a");
+    let mut b = client(&store, &key, "b");
+    let g1 = acquired(&mut a).await;
+    let (create, _, lease) = raw.get(&store.lease_key(&key)).await.expect("key written");
+    assert_eq!(
+        g1.token.0,
+        u64::try_from(create).unwrap(),
+        "the token is the create revision"
+    );
+    assert_ne!(lease, 0, "the key is attached to an etcd lease");
+    drop(a); // no renew, no release
+    let started = Instant::now();
+    let g2 = loop {
+        match b.try_acquire().await.unwrap() {
+            Acquisition::Acquired(g) => break g,
+            Acquisition::Following { takeover_at, .. } => {
+                assert_eq!(takeover_at, None, "followers of etcd leases time nothing");
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the lease never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The lease is whole seconds (2 s here); etcd expires it on its own clock.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(g2.token > g1.token);
+}
+
+/// The watch wakes a follower when the key is released or deleted, without waiting for a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_fires_on_release_and_on_delete() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let mut changes = store.changes(&key).expect("etcd offers change hints");
+    // The first hint says the watch is established.
+    timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("watch established");
+    let mut a = client(&store, &key, "a");
+    acquired(&mut a).await;
+    timeout(Duration::from_secs(2), changes.changed())
+        .await
+        .expect("hint on acquire");
+    assert!(a.release().await.unwrap());
+    timeout(Duration::from_secs(2), changes.changed())
+        .await
+        .expect("hint on release");
+    Raw::new().await.delete(&store.lease_key(&key)).await;
+    timeout(Duration::from_secs(2), changes.changed())
+        .await
+        .expect("hint on delete");
+}
+
+/// A renew after an operator deleted the key and another candidate created it again is lost:
+/// the rewrite is compared on the revision this term wrote, which no other write can have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_after_the_key_was_recreated_is_lost() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let mut a = client(&store, &key, "a");
+    let mut b = client(&store, &key, "b");
+    let g1 = acquired(&mut a).await;
+    Raw::new().await.delete(&store.lease_key(&key)).await;
+    let g2 = acquired(&mut b).await;
+    assert!(g2.token > g1.token);
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Lost { .. }));
+    // b's record is untouched.
+    let now = store.read(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (now.record.holder.as_str(), now.record.token),
+        ("b", g2.token)
+    );
+    assert!(now.record.is_held());
+}
+
+/// A fenced write is refused once the writer's lease key is gone, even before a newer term
+/// wrote the object; it goes through while the term is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_need_the_live_lease_key() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let object = ObjectName::new("report").unwrap();
+    let mut a = client(&store, &key, "a");
+    let g = acquired(&mut a).await;
+    let fence = Fence {
+        key: key.clone(),
+        holder: a.holder().clone(),
+        token: g.token,
+    };
+    store.fenced_write(&fence, &object, b"one").await.unwrap();
+    Raw::new().await.delete(&store.lease_key(&key)).await;
+    let err = store
+        .fenced_write(&fence, &object, b"two")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+    let kept = store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!(kept.value, b"one");
+}
+
+/// After a lost answer the core re-reads as the term: only the term's own etcd lease counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_for_term_knows_its_own_lease() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let backend: Arc<dyn LeaseBackend> = Arc::new(store.clone());
+    let mut a = client(&store, &key, "a");
+    acquired(&mut a).await;
+    let plain = backend.read(&key).await.unwrap().unwrap();
+    assert!(plain.record.is_held());
+    let other = backend
+        .read_for_term(&key, leader_core::backend::TermId(12345))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!other.record.is_held(), "another term's lease is not ours");
+    assert_ne!(other.revision, plain.revision);
+}
