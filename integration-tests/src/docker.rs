@@ -28,6 +28,8 @@ struct Started {
 static AZURITE: OnceCell<Started> = OnceCell::const_new();
 static LOCALSTACK: OnceCell<Started> = OnceCell::const_new();
 static FAKE_GCS: OnceCell<Started> = OnceCell::const_new();
+static ETCD: OnceCell<Started> = OnceCell::const_new();
+static ZOOKEEPER: OnceCell<Started> = OnceCell::const_new();
 
 /// Whether a Docker engine answers a ping.
 pub(crate) async fn engine_answers() -> bool {
@@ -43,6 +45,8 @@ pub(crate) async fn start(emulator: Emulator) -> Result<String, String> {
         Emulator::Azurite => &AZURITE,
         Emulator::DynamoDb => &LOCALSTACK,
         Emulator::Gcs => &FAKE_GCS,
+        Emulator::Etcd => &ETCD,
+        Emulator::ZooKeeper => &ZOOKEEPER,
     };
     let started = cell
         .get_or_try_init(|| launch(emulator))
@@ -52,7 +56,8 @@ pub(crate) async fn start(emulator: Emulator) -> Result<String, String> {
 }
 
 async fn launch(emulator: Emulator) -> Result<Started, testcontainers::TestcontainersError> {
-    let (image, port, path) = match emulator {
+    // (image, container port, URL scheme, URL path)
+    let (image, port, scheme, path) = match emulator {
         Emulator::Azurite => (
             GenericImage::new(images::AZURITE.0, images::AZURITE.1)
                 .with_exposed_port(10000.tcp())
@@ -68,6 +73,7 @@ async fn launch(emulator: Emulator) -> Result<Started, testcontainers::Testconta
                     "--disableTelemetry",
                 ]),
             10000,
+            "http://",
             "/devstoreaccount1",
         ),
         Emulator::DynamoDb => (
@@ -76,6 +82,7 @@ async fn launch(emulator: Emulator) -> Result<Started, testcontainers::Testconta
                 .with_wait_for(WaitFor::message_on_stdout("Ready."))
                 .with_env_var("SERVICES", "dynamodb"),
             4566,
+            "http://",
             "",
         ),
         Emulator::Gcs => (
@@ -84,6 +91,44 @@ async fn launch(emulator: Emulator) -> Result<Started, testcontainers::Testconta
                 .with_wait_for(WaitFor::message_on_stderr("server started at"))
                 .with_cmd(["-scheme", "http", "-port", "4443", "-backend", "memory"]),
             4443,
+            "http://",
+            "",
+        ),
+        Emulator::Etcd => (
+            GenericImage::new(images::ETCD.0, images::ETCD.1)
+                .with_exposed_port(2379.tcp())
+                .with_wait_for(WaitFor::message_on_stderr("ready to serve client requests"))
+                .with_cmd([
+                    "/usr/local/bin/etcd",
+                    "--name=leader-test",
+                    "--data-dir=/tmp/etcd-data",
+                    "--listen-client-urls=http://0.0.0.0:2379",
+                    "--advertise-client-urls=http://127.0.0.1:2379",
+                    "--listen-peer-urls=http://127.0.0.1:2380",
+                    "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                    "--initial-cluster=leader-test=http://127.0.0.1:2380",
+                    "--logger=zap",
+                ]),
+            2379,
+            "http://",
+            "",
+        ),
+        // The image writes zoo.cfg from these variables; the settings of scripts/emulators.
+        Emulator::ZooKeeper => (
+            GenericImage::new(images::ZOOKEEPER.0, images::ZOOKEEPER.1)
+                .with_exposed_port(2181.tcp())
+                .with_wait_for(WaitFor::message_on_stdout(
+                    "PrepRequestProcessor (sid:0) started",
+                ))
+                .with_env_var("ZOO_TICK_TIME", "200")
+                .with_env_var("ZOO_ADMINSERVER_ENABLED", "false")
+                .with_env_var("ZOO_4LW_COMMANDS_WHITELIST", "ruok,srvr,stat")
+                .with_env_var(
+                    "ZOO_CFG_EXTRA",
+                    "minSessionTimeout=400 maxSessionTimeout=120000",
+                ),
+            2181,
+            "",
             "",
         ),
     };
@@ -97,6 +142,6 @@ async fn launch(emulator: Emulator) -> Result<Started, testcontainers::Testconta
     let host_port = container.get_host_port_ipv4(port).await?;
     Ok(Started {
         _container: container,
-        url: format!("http://{host}:{host_port}{path}"),
+        url: format!("{scheme}{host}:{host_port}{path}"),
     })
 }
