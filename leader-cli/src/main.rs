@@ -117,6 +117,7 @@ Exit codes:
 Stores:
   file:///absolute/path/KEY   leases in files, for processes on one host (the embedded default)
   azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY, gs://BUCKET/OBJECT   (when compiled in)
+  etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY (etcds:// for TLS), zk://HOST:PORT[,...]/[PATH/]KEY
 
 Credentials (each cloud's usual chain; nothing to pass on the command line):
   azblob://   AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY
@@ -128,8 +129,13 @@ Credentials (each cloud's usual chain; nothing to pass on the command line):
               profile (IMDSv2); region from AWS_REGION or the profile
   gs://       Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, the gcloud
               login, or the metadata server (GCE, GKE, Cloud Run)
+  etcd://     LEADER_ETCD_USER and LEADER_ETCD_PASSWORD if the cluster has auth on;
+              LEADER_ETCD_CA_FILE adds a CA to trust for etcds://
+  zk://       none (open ACLs on the parent node; each term's node is writable only by its
+              own session)
   TLS trusts the system's roots; SSL_CERT_FILE (a PEM bundle) replaces them.
-  --endpoint URL moves the store (credentials unchanged). Emulators: --emulator, or their own
+  --endpoint URL moves the store (credentials unchanged; for etcd:// and zk:// it replaces
+  the hosts). Emulators: --emulator, or their own
   variables (STORAGE_EMULATOR_HOST, an Azurite connection string).";
 
 #[derive(Debug, Parser)]

@@ -30,7 +30,7 @@ use crate::{Exit, exit, store};
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// Where the lease lives: file:///dir/KEY, azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY,
-    /// gs://BUCKET/OBJECT.
+    /// gs://BUCKET/OBJECT, etcd://HOST:PORT/[FOLDER/]KEY, zk://HOST:PORT/[PATH/]KEY.
     #[arg(long, env = "LEADER_STORE")]
     store: String,
     #[command(flatten)]

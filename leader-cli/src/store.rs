@@ -20,9 +20,9 @@ pub(crate) struct StoreOptions {
     /// (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) or Azurite's default port.
     #[arg(long, env = "LEADER_EMULATOR")]
     pub(crate) emulator: bool,
-    /// Create the folder (file://), container (azblob://) or table (dynamodb://) if it is
-    /// missing (off: a missing one is an error). Not supported for gs://: create the bucket
-    /// first.
+    /// Create the folder (file://), container (azblob://), table (dynamodb://) or parent
+    /// node (zk://) if it is missing (off: a missing one is an error). Not supported for
+    /// gs://: create the bucket first. etcd:// has nothing to create.
     #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
     pub(crate) create_if_missing: bool,
 }

@@ -53,6 +53,32 @@ async fn leader_run_on_gcs() {
     run_twice(&format!("gs://{bucket}/job"), &[]);
 }
 
+/// The `HOST:PORT` of a server whose endpoint is `http://HOST:PORT` or `HOST:PORT`.
+fn host_of(url: &str) -> &str {
+    url.rsplit("://").next().unwrap_or(url)
+}
+
+#[tokio::test]
+async fn leader_run_on_etcd() {
+    let Some(ep) = require(Emulator::Etcd).await else {
+        return;
+    };
+    let folder = unique_name("cli");
+    run_twice(&format!("etcd://{}/{folder}/job", host_of(&ep.url)), &[]);
+}
+
+#[tokio::test]
+async fn leader_run_on_zookeeper() {
+    let Some(ep) = require(Emulator::ZooKeeper).await else {
+        return;
+    };
+    let path = unique_name("cli");
+    run_twice(
+        &format!("zk://{}/{path}/job", host_of(&ep.url)),
+        &["--create-if-missing"],
+    );
+}
+
 /// `leader` with `args`: (exit code, stderr, time taken).
 fn run_to_end(args: &[&str]) -> (i32, String, std::time::Duration) {
     let start = std::time::Instant::now();
@@ -127,4 +153,17 @@ async fn a_missing_bucket_is_an_error() {
     ]);
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("gcloud storage buckets create"), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_zookeeper_path_is_an_error() {
+    let Some(ep) = require(Emulator::ZooKeeper).await else {
+        return;
+    };
+    let path = unique_name("missing");
+    missing_place_is_permanent(
+        &format!("zk://{}/{path}/job", host_of(&ep.url)),
+        &path,
+        true,
+    );
 }

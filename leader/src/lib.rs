@@ -9,6 +9,8 @@
 //! | `azblob://CONTAINER/[FOLDER/]KEY` | Azure Blob leases (feature `azure`) | blob `[FOLDER/]KEY` | token mark `[FOLDER/].KEY.token`; protected objects `[FOLDER/].NAME.fenced` |
 //! | `gs://BUCKET/[FOLDER/]KEY` | GCS generation preconditions (feature `gcs`) | object `[FOLDER/]KEY` | protected objects `[FOLDER/].NAME.fenced` |
 //! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` | token mark `mark#KEY`; protected objects `fenced#NAME` |
+//! | `etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY` (`etcds://`: TLS) | etcd leases and transactions (feature `etcd`) | key `[FOLDER/]KEY`, attached to the term's etcd lease | protected objects `[FOLDER/].NAME.fenced` |
+//! | `zk://HOST:PORT[,HOST:PORT...]/[PATH/]KEY` | ZooKeeper ephemeral nodes (feature `zookeeper`) | node `/[PATH/]KEY`, owned by the term's session | protected objects `/[PATH/].NAME.fenced` |
 //!
 //! In a blob or object store, the URL's path is the lease blob's or object's name as the
 //! console shows it; the token high-water mark and protected objects sit beside it under
@@ -65,8 +67,14 @@ pub use leader_core::{
 #[cfg(feature = "dynamo")]
 pub use leader_dynamo as dynamo;
 /// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "etcd")]
+pub use leader_etcd as etcd;
+/// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "gcs")]
 pub use leader_gcs as gcs;
+/// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "zookeeper")]
+pub use leader_zookeeper as zookeeper;
 
 /// A store that leases and takes fenced writes: what [`open`] and [`from_url`] return. Pass
 /// it to [`Elector::builder`] as it is (it is a [`LeaseBackend`]).
@@ -109,6 +117,44 @@ pub enum StoreUrl {
         /// The lease key.
         key: LeaseKey,
     },
+    /// `etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY` (or `etcds://` for TLS): the lease is
+    /// the etcd key `[FOLDER/]KEY`.
+    Etcd {
+        /// The cluster's members, `host:port` each.
+        hosts: Vec<String>,
+        /// Whether to talk TLS (`etcds://`).
+        tls: bool,
+        /// The folder of the keys: empty, or segments each ending with `/`.
+        folder: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+    /// `zk://HOST:PORT[,HOST:PORT...]/[PATH/]KEY`: the lease is the node `/[PATH/]KEY`.
+    ZooKeeper {
+        /// The ensemble's servers, `host:port` each.
+        hosts: Vec<String>,
+        /// The parent node of the lease node: `/`, or `/PATH`.
+        path: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+}
+
+/// The `host:port` list of an `etcd://` or `zk://` URL.
+fn hosts_of(authority: &str) -> Result<Vec<String>, String> {
+    let hosts: Vec<String> = authority.split(',').map(|h| h.trim().to_owned()).collect();
+    for host in &hosts {
+        let Some((name, port)) = host.rsplit_once(':') else {
+            return Err(format!("{host:?} has no port; give HOST:PORT"));
+        };
+        if name.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{host:?} is not HOST:PORT"));
+        }
+        if host.contains('@') {
+            return Err("credentials go in the environment, not the URL".to_owned());
+        }
+    }
+    Ok(hosts)
 }
 
 fn invalid(message: String) -> Error {
@@ -118,14 +164,68 @@ fn invalid(message: String) -> Error {
     }
 }
 
+/// A URL path (without its leading `/`) as a folder (empty, or segments each ending with `/`)
+/// and the last segment.
+fn split_folder(path: &str) -> Result<(String, &str), String> {
+    let (folder, key) = match path.rsplit_once('/') {
+        Some((folder, key)) => (format!("{folder}/"), key),
+        None => (String::new(), path),
+    };
+    for segment in folder.split_terminator('/') {
+        LeaseKey::new(segment).map_err(|e| {
+            format!(
+                "folder segment {segment:?}: {}",
+                e.to_string().replace("lease key", "name")
+            )
+        })?;
+    }
+    Ok((folder, key))
+}
+
 impl StoreUrl {
-    /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/[FOLDER/]KEY`, `dynamodb://TABLE/KEY` or
-    /// `gs://BUCKET/[FOLDER/]KEY`. Whether the backend is compiled in is checked by [`open`].
+    /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/[FOLDER/]KEY`, `dynamodb://TABLE/KEY`,
+    /// `gs://BUCKET/[FOLDER/]KEY`, `etcd://HOST:PORT[,...]/[FOLDER/]KEY` (`etcds://` for TLS)
+    /// or `zk://HOST:PORT[,...]/[PATH/]KEY`. Whether the backend is compiled in is checked by
+    /// [`open`].
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] saying what is wrong with the URL.
     pub fn parse(input: &str) -> Result<Self, Error> {
         let bad = |why: &str| invalid(format!("store URL {input:?}: {why}"));
+        if let Some((scheme, rest)) = input.trim().split_once("://")
+            && matches!(scheme, "etcd" | "etcds" | "zk")
+        {
+            // Several hosts with ports: not a URL the `url` crate parses.
+            let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+            if authority.is_empty() {
+                return Err(bad(&format!(
+                    "expected {scheme}://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY"
+                )));
+            }
+            let hosts = hosts_of(authority).map_err(|e| bad(&e))?;
+            if path.contains(['?', '#']) {
+                return Err(bad("a store URL has no '?query' or '#fragment'"));
+            }
+            let (folder, key) = split_folder(path).map_err(|e| bad(&e))?;
+            if key.is_empty() {
+                return Err(bad(&format!("expected {scheme}://HOST:PORT/[FOLDER/]KEY")));
+            }
+            let key = LeaseKey::new(key.to_owned()).map_err(|e| bad(&e.to_string()))?;
+            return Ok(if scheme == "zk" {
+                StoreUrl::ZooKeeper {
+                    hosts,
+                    path: format!("/{}", folder.trim_end_matches('/')),
+                    key,
+                }
+            } else {
+                StoreUrl::Etcd {
+                    hosts,
+                    tls: scheme == "etcds",
+                    folder,
+                    key,
+                }
+            });
+        }
         let url = url::Url::parse(input.trim()).map_err(|e| {
             bad(&format!(
                 "{e}; expected SCHEME://..., e.g. file:///var/lib/leases/KEY"
@@ -160,20 +260,9 @@ impl StoreUrl {
         }
         let place = url.host_str().unwrap_or_default().to_owned();
         let path = url.path().strip_prefix('/').unwrap_or_default();
-        let (folder, key) = match path.rsplit_once('/') {
-            Some((folder, key)) => (format!("{folder}/"), key),
-            None => (String::new(), path),
-        };
+        let (folder, key) = split_folder(path).map_err(|e| bad(&e))?;
         if place.is_empty() || key.is_empty() {
             return Err(bad(&format!("expected {scheme}://PLACE/[FOLDER/]KEY")));
-        }
-        for segment in folder.split_terminator('/') {
-            LeaseKey::new(segment).map_err(|e| {
-                bad(&format!(
-                    "folder segment {segment:?}: {}",
-                    e.to_string().replace("lease key", "name")
-                ))
-            })?;
         }
         let key = key_of(key)?;
         match scheme {
@@ -192,7 +281,8 @@ impl StoreUrl {
                 key,
             }),
             other => Err(bad(&format!(
-                "unknown scheme {other:?}; use file://, azblob://, dynamodb:// or gs://"
+                "unknown scheme {other:?}; use file://, azblob://, dynamodb://, gs://, etcd:// \
+                 or zk://"
             ))),
         }
     }
@@ -203,7 +293,9 @@ impl StoreUrl {
             StoreUrl::File { key, .. }
             | StoreUrl::Azure { key, .. }
             | StoreUrl::Dynamo { key, .. }
-            | StoreUrl::Gcs { key, .. } => key,
+            | StoreUrl::Gcs { key, .. }
+            | StoreUrl::Etcd { key, .. }
+            | StoreUrl::ZooKeeper { key, .. } => key,
         }
     }
 }
@@ -230,6 +322,19 @@ impl fmt::Display for StoreUrl {
                 folder,
                 key,
             } => write!(f, "gs://{bucket}/{folder}{key}"),
+            StoreUrl::Etcd {
+                hosts,
+                tls,
+                folder,
+                key,
+            } => {
+                let scheme = if *tls { "etcds" } else { "etcd" };
+                write!(f, "{scheme}://{}/{folder}{key}", hosts.join(","))
+            }
+            StoreUrl::ZooKeeper { hosts, path, key } => {
+                let parent = path.trim_end_matches('/');
+                write!(f, "zk://{}{parent}/{key}", hosts.join(","))
+            }
         }
     }
 }
@@ -381,6 +486,30 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             }
             Ok(Arc::new(b.build().await?))
         }
+        #[cfg(feature = "etcd")]
+        StoreUrl::Etcd {
+            hosts, tls, folder, ..
+        } => {
+            let scheme = if *tls { "https" } else { "http" };
+            let mut b =
+                leader_etcd::EtcdBuilder::from_env_credentials()?.with_prefix(folder.clone());
+            b = match &options.endpoint {
+                Some(endpoint) => b.with_endpoints(endpoint.split(',')),
+                None => b.with_endpoints(hosts.iter().map(|h| format!("{scheme}://{h}"))),
+            };
+            Ok(Arc::new(b.build().await?))
+        }
+        #[cfg(feature = "zookeeper")]
+        StoreUrl::ZooKeeper { hosts, path, .. } => {
+            let hosts = options.endpoint.clone().unwrap_or_else(|| hosts.join(","));
+            let store = leader_zookeeper::ZooKeeperStore::builder()
+                .with_hosts(hosts)
+                .with_path(path.clone())
+                .with_create_path(options.create_if_missing)
+                .build()
+                .await?;
+            Ok(Arc::new(store))
+        }
         #[allow(unreachable_patterns, reason = "when every backend is compiled in")]
         other => Err(invalid(format!(
             "{other}: this backend is not compiled in (enable the `leader` crate's feature \
@@ -458,6 +587,40 @@ mod tests {
                     key: LeaseKey::new("k").unwrap(),
                 },
             ),
+            (
+                "etcd://10.0.0.1:2379,10.0.0.2:2379/prod/k",
+                StoreUrl::Etcd {
+                    hosts: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                    tls: false,
+                    folder: "prod/".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "etcds://etcd:2379/k",
+                StoreUrl::Etcd {
+                    hosts: vec!["etcd:2379".into()],
+                    tls: true,
+                    folder: String::new(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "zk://zk1:2181,zk2:2181/services/leases/k",
+                StoreUrl::ZooKeeper {
+                    hosts: vec!["zk1:2181".into(), "zk2:2181".into()],
+                    path: "/services/leases".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "zk://127.0.0.1:2181/k",
+                StoreUrl::ZooKeeper {
+                    hosts: vec!["127.0.0.1:2181".into()],
+                    path: "/".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
         ] {
             let parsed: StoreUrl = text.parse().unwrap();
             assert_eq!(parsed, want, "{text}");
@@ -483,6 +646,13 @@ mod tests {
             ("gs://b/a/b c", "lease key"),
             ("gs://b/k?x=1", "query"),
             ("azblob://c:10000/k", "port"),
+            ("etcd://host/k", "no port"),
+            ("etcd://h:99999/k", "not HOST:PORT"),
+            ("etcd://h:2379", "HOST:PORT/[FOLDER/]KEY"),
+            ("etcd:///k", "HOST:PORT[,HOST:PORT...]"),
+            ("zk://u@h:2181/k", "environment"),
+            ("zk://h:2181/a//k", "folder segment"),
+            ("zk://h:2181/k?x", "query"),
         ] {
             let e = StoreUrl::parse(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
