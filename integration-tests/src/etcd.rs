@@ -72,7 +72,9 @@ impl EtcdRaw {
     /// # Errors
     /// A message if etcd did not answer with success or the answer is not etcd's.
     pub async fn get(&self, key: &str) -> Result<Option<RawKey>, String> {
-        let answer = self.post("kv/range", json!({"key": B64.encode(key)})).await?;
+        let answer = self
+            .post("kv/range", json!({"key": B64.encode(key)}))
+            .await?;
         let Some(kv) = answer.get("kvs").and_then(|kvs| kvs.get(0)) else {
             return Ok(None);
         };

@@ -14,13 +14,16 @@
 //!
 //! The client helpers talk to the emulators the way the backends will: [`azure`] signs Blob
 //! requests with Shared Key, [`dynamodb`] builds an `aws-sdk-dynamodb` client, [`gcs`] does JSON
-//! API uploads with generation preconditions.
+//! API uploads with generation preconditions. etcd and ZooKeeper are the real servers, not
+//! emulators; [`tcp_proxy`] puts byte-level faults between them and their clients.
 
 pub mod azure;
 pub mod chaos;
 pub mod dynamodb;
+pub mod etcd;
 pub mod gcs;
 pub mod proxy;
+pub mod tcp_proxy;
 pub mod tls;
 
 #[cfg(feature = "docker")]
@@ -34,7 +37,8 @@ pub const REQUIRED_VAR: &str = "LEADER_EMULATORS_REQUIRED";
 /// Set to `1` to let tests skip (pass without running) when an emulator is missing.
 pub const ALLOW_SKIP_VAR: &str = "LEADER_ALLOW_SKIP";
 
-/// The container images the `docker` feature starts; `docker/compose.yaml` pins the same ones.
+/// The container images the `docker` feature starts; `docker/compose.yaml` pins the same ones
+/// (etcd and ZooKeeper: not there yet).
 pub mod images {
     /// Azurite (blob service only).
     pub const AZURITE: (&str, &str) = ("mcr.microsoft.com/azure-storage/azurite", "3.35.0");
@@ -42,9 +46,15 @@ pub mod images {
     pub const LOCALSTACK: (&str, &str) = ("localstack/localstack", "4.14.0");
     /// fake-gcs-server, the same version as the binary `scripts/emulators` installs.
     pub const FAKE_GCS: (&str, &str) = ("fsouza/fake-gcs-server", "1.54.0");
+    /// etcd, the same version as Debian bookworm's `etcd-server` that `scripts/emulators` unpacks.
+    pub const ETCD: (&str, &str) = ("quay.io/coreos/etcd", "v3.4.23");
+    /// ZooKeeper, the same version as Debian bookworm's `zookeeper` that `scripts/emulators`
+    /// unpacks.
+    pub const ZOOKEEPER: (&str, &str) = ("zookeeper", "3.8.0");
 }
 
-/// One of the emulated storage services.
+/// One of the storage services the tests run against: an emulator of a cloud store, or a real
+/// server (etcd, ZooKeeper) on loopback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Emulator {
     /// Azure Blob Storage (Azurite).
@@ -53,18 +63,30 @@ pub enum Emulator {
     DynamoDb,
     /// Google Cloud Storage (fake-gcs-server).
     Gcs,
+    /// A single-member etcd server (v3 API over gRPC).
+    Etcd,
+    /// A standalone ZooKeeper server.
+    ZooKeeper,
 }
 
 impl Emulator {
     /// All emulators.
-    pub const ALL: [Emulator; 3] = [Emulator::Azurite, Emulator::DynamoDb, Emulator::Gcs];
+    pub const ALL: [Emulator; 5] = [
+        Emulator::Azurite,
+        Emulator::DynamoDb,
+        Emulator::Gcs,
+        Emulator::Etcd,
+        Emulator::ZooKeeper,
+    ];
 
-    /// The environment variable that carries this emulator's endpoint URL.
+    /// The environment variable that carries this emulator's endpoint (see [`Endpoint::url`]).
     pub fn env_var(self) -> &'static str {
         match self {
             Emulator::Azurite => "AZURITE_BLOB_ENDPOINT",
             Emulator::DynamoDb => "AWS_ENDPOINT_URL",
             Emulator::Gcs => "STORAGE_EMULATOR_HOST",
+            Emulator::Etcd => "LEADER_ETCD_ENDPOINT",
+            Emulator::ZooKeeper => "LEADER_ZOOKEEPER_ENDPOINT",
         }
     }
 
@@ -74,6 +96,8 @@ impl Emulator {
             Emulator::Azurite => "Azurite (Azure Blob)",
             Emulator::DynamoDb => "DynamoDB emulator",
             Emulator::Gcs => "fake-gcs-server (GCS)",
+            Emulator::Etcd => "etcd",
+            Emulator::ZooKeeper => "ZooKeeper",
         }
     }
 }
@@ -99,7 +123,8 @@ pub struct Endpoint {
     /// Which emulator.
     pub emulator: Emulator,
     /// Base URL without a trailing slash. For Azurite it includes the account
-    /// (`http://127.0.0.1:P/devstoreaccount1`); for the others it is `http://host:port`.
+    /// (`http://127.0.0.1:P/devstoreaccount1`); for ZooKeeper it is `host:port` (no scheme: the
+    /// form of a ZooKeeper connect string); for the others it is `http://host:port`.
     pub url: String,
     /// Where it came from.
     pub source: Source,

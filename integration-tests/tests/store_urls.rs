@@ -1,7 +1,8 @@
 //! A store URL names the lease object as the console shows it: `gs://BUCKET/FOLDER/KEY` and
 //! `azblob://CONTAINER/FOLDER/KEY` keep the lease in the object or blob `FOLDER/KEY`, and a
-//! protected object `NAME` beside it in `FOLDER/.NAME.fenced`. Checked on the emulators by
-//! reading the raw objects, not through the store.
+//! protected object `NAME` beside it in `FOLDER/.NAME.fenced`; so does
+//! `etcd://HOST:PORT/FOLDER/KEY` with etcd keys. Checked on the emulators and servers by
+//! reading the raw objects and keys, not through the store.
 
 #![allow(
     clippy::unwrap_used,
@@ -24,7 +25,7 @@ async fn lead_and_write(url: &str, endpoint: &str) -> u64 {
     let options = OpenOptions::new()
         .with_emulator(true)
         .with_endpoint(endpoint)
-        .with_create_if_missing(!url.starts_with("gs://"));
+        .with_create_if_missing(!url.starts_with("gs://") && !url.starts_with("etcd://"));
     let (store, key) = leader::from_url(url, &options).await.unwrap();
     let mut client = LeaseClient::new(
         store.clone() as Arc<dyn leader::LeaseBackend>,
@@ -99,4 +100,31 @@ async fn an_azblob_url_names_the_blob() {
         .get_blob(&container, "team/jobs/.nightly.token")
         .await
         .expect("the token high-water mark sits beside the lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_url_names_the_key() {
+    let Some(endpoint) = require(Emulator::Etcd).await else {
+        return;
+    };
+    let team = unique_name("urls");
+    let host = endpoint.url.trim_start_matches("http://");
+    let url = format!("etcd://{host}/{team}/jobs/nightly");
+    let token = lead_and_write(&url, &endpoint.url).await;
+
+    let raw = integration_tests::etcd::EtcdRaw::new(&endpoint.url);
+    let lease = raw
+        .get(&format!("{team}/jobs/nightly"))
+        .await
+        .unwrap()
+        .expect("the lease key is the URL's path");
+    assert!(String::from_utf8_lossy(&lease.value).contains("url-test"));
+    assert_eq!(u64::try_from(lease.create_revision).unwrap(), token);
+    assert_ne!(lease.lease, 0, "attached to the term's etcd lease");
+    let report = raw
+        .get(&format!("{team}/jobs/.report.fenced"))
+        .await
+        .unwrap()
+        .expect("the protected object sits beside the lease");
+    assert!(report.value.ends_with(b"\ndone"));
 }

@@ -12,9 +12,9 @@ use leader_core::{
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{
-    BackendKind, EV_EXIT, EV_READY, EV_RENEWED, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, Event,
-    OUT_ACCEPTED, OUT_FAILED, OUT_FENCED, OUT_UNKNOWN, instant_us, mono_us, open_store,
-    write_value,
+    BackendKind, EV_EXIT, EV_READY, EV_RELEASING, EV_RENEWED, EV_TERM_ENDED, EV_TERM_STARTED,
+    EV_WRITE, Event, OUT_ACCEPTED, OUT_FAILED, OUT_FENCED, OUT_UNKNOWN, instant_us, mono_us,
+    open_store, write_value,
 };
 
 /// A candidate's settings, given as `name=value` arguments.
@@ -239,6 +239,10 @@ pub async fn run(args: CandidateArgs) -> Result<(), String> {
             break;
         }
     }
+    log.emit(Event {
+        ev: EV_RELEASING.into(),
+        ..Event::default()
+    });
     handle.shutdown().await;
     log.emit(Event {
         ev: EV_EXIT.into(),

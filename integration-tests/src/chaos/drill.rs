@@ -14,8 +14,9 @@ use super::candidate::CandidateArgs;
 use super::checker::{FinalObject, check};
 use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
-use super::{BackendKind, EV_EXIT, mono_us, open_store};
+use super::{BackendKind, EV_EXIT, Proxy, mono_us, open_store};
 use crate::proxy::FaultProxy;
+use crate::tcp_proxy::TcpFaultProxy;
 
 pub use super::scenario::{SLACK, Scenario};
 pub use super::summary::Summary;
@@ -99,14 +100,26 @@ pub async fn proxied(
     kind: BackendKind,
     url: &str,
     seed: u64,
-) -> Result<(String, Option<FaultProxy>), String> {
+) -> Result<(String, Option<Proxy>), String> {
     if !kind.proxied() {
         return Ok((url.to_owned(), None));
+    }
+    if !kind.http() {
+        // etcd's URL is http://HOST:PORT, ZooKeeper's HOST:PORT.
+        let upstream = url.rsplit("://").next().unwrap_or(url);
+        let proxy = TcpFaultProxy::start(upstream)
+            .await
+            .map_err(|e| format!("starting a TCP proxy in front of {upstream}: {e}"))?;
+        let endpoint = match kind {
+            BackendKind::Etcd => format!("http://{}", proxy.endpoint()),
+            _ => proxy.endpoint(),
+        };
+        return Ok((endpoint, Some(Proxy::Tcp(proxy))));
     }
     let proxy = FaultProxy::in_front_of(url, seed)
         .await
         .map_err(|e| format!("starting a proxy: {e}"))?;
-    Ok((proxy.url_for(url), Some(proxy)))
+    Ok((proxy.url_for(url), Some(Proxy::Http(proxy))))
 }
 
 /// Runs one round of `scenario` on `kind` and checks it.
@@ -221,12 +234,7 @@ pub async fn run_round(
     let late_deliveries = procs
         .iter()
         .filter_map(|p| p.proxy.as_ref())
-        .map(|proxy| {
-            proxy
-                .counts()
-                .late
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
+        .map(Proxy::late_deliveries)
         .sum();
     let verdict = check(&logs(&procs), object.as_ref());
     violations.extend(verdict.violations);

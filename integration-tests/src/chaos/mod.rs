@@ -64,15 +64,21 @@ pub enum BackendKind {
     Dynamo,
     /// Google Cloud Storage on fake-gcs-server.
     Gcs,
+    /// etcd (a real server), behind a TCP-level proxy.
+    Etcd,
+    /// ZooKeeper (a real server), behind a TCP-level proxy.
+    ZooKeeper,
 }
 
 impl BackendKind {
     /// Every backend.
-    pub const ALL: [BackendKind; 4] = [
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::File,
         BackendKind::Azure,
         BackendKind::Dynamo,
         BackendKind::Gcs,
+        BackendKind::Etcd,
+        BackendKind::ZooKeeper,
     ];
 
     /// The name used on command lines and in summaries.
@@ -82,6 +88,8 @@ impl BackendKind {
             BackendKind::Azure => "azure",
             BackendKind::Dynamo => "dynamo",
             BackendKind::Gcs => "gcs",
+            BackendKind::Etcd => "etcd",
+            BackendKind::ZooKeeper => "zookeeper",
         }
     }
 
@@ -97,12 +105,15 @@ impl BackendKind {
             BackendKind::Azure => Some(crate::Emulator::Azurite),
             BackendKind::Dynamo => Some(crate::Emulator::DynamoDb),
             BackendKind::Gcs => Some(crate::Emulator::Gcs),
+            BackendKind::Etcd => Some(crate::Emulator::Etcd),
+            BackendKind::ZooKeeper => Some(crate::Emulator::ZooKeeper),
         }
     }
 
     /// The shortest timing the store copes with in these drills: Azure grants leases of 15 s at
     /// least; GCS allows one write per second to an object; the DynamoDB emulator serialises
-    /// requests.
+    /// requests; etcd's leases last whole seconds (2 s at least with its default election
+    /// timeout); ZooKeeper's sessions here last 400 ms at least.
     pub fn timing(self) -> Timing {
         match self {
             BackendKind::File => Timing::from_ttl(Duration::from_secs(2)),
@@ -112,6 +123,14 @@ impl BackendKind {
                 t.request_timeout = Duration::from_millis(300);
                 t.margin = Duration::from_millis(600);
                 t.retry_every = Duration::from_millis(500);
+                t
+            }
+            BackendKind::Etcd | BackendKind::ZooKeeper => {
+                let mut t = Timing::from_ttl(Duration::from_secs(2));
+                t.request_timeout = Duration::from_millis(300);
+                t.margin = Duration::from_millis(600);
+                t.renew_every = Duration::from_millis(500);
+                t.retry_every = Duration::from_millis(400);
                 t
             }
             BackendKind::Gcs => {
@@ -128,6 +147,63 @@ impl BackendKind {
     /// Whether it can sit behind a proxy (every backend but the file store).
     pub fn proxied(self) -> bool {
         self != BackendKind::File
+    }
+
+    /// Whether it speaks HTTP, so that its proxy can answer, drop or delay single requests
+    /// (throttling, lost answers, late delivery); etcd's gRPC streams and ZooKeeper's
+    /// protocol sit behind a byte-level proxy that can only partition and stall.
+    pub fn http(self) -> bool {
+        matches!(
+            self,
+            BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+        )
+    }
+}
+
+/// The fault proxy in front of one candidate's store: HTTP for the cloud stores, TCP for etcd
+/// and ZooKeeper.
+pub enum Proxy {
+    /// Request-level faults.
+    Http(crate::proxy::FaultProxy),
+    /// Byte-level faults: partition (a blackhole) and refused connections only.
+    Tcp(crate::tcp_proxy::TcpFaultProxy),
+}
+
+impl Proxy {
+    /// Puts `faults` in force. A TCP proxy honours `blackhole` (as a partition) and
+    /// `refuse_new`; request-level faults need [`BackendKind::http`].
+    pub fn set(&self, faults: crate::proxy::ProxyFaults) {
+        match self {
+            Proxy::Http(p) => p.set(faults),
+            Proxy::Tcp(p) => {
+                p.refuse_new(faults.refuse_new);
+                p.partition(faults.blackhole);
+            }
+        }
+    }
+
+    /// Ends every fault.
+    pub fn heal(&self) {
+        match self {
+            Proxy::Http(p) => p.heal(),
+            Proxy::Tcp(p) => p.heal(),
+        }
+    }
+
+    /// Requests the proxy held past their sender's timeout and then delivered.
+    pub fn late_deliveries(&self) -> u64 {
+        match self {
+            Proxy::Http(p) => p.counts().late.load(std::sync::atomic::Ordering::Relaxed),
+            Proxy::Tcp(_) => 0,
+        }
+    }
+
+    /// The HTTP proxy, which counts requests by kind.
+    pub fn http(&self) -> Option<&crate::proxy::FaultProxy> {
+        match self {
+            Proxy::Http(p) => Some(p),
+            Proxy::Tcp(_) => None,
+        }
     }
 }
 
@@ -170,6 +246,19 @@ pub async fn open_store(
         BackendKind::Gcs => StoreUrl::Gcs {
             bucket: place.to_owned(),
             folder: String::new(),
+            key,
+        },
+        // The endpoint (below) names the server or the proxy in front of it; the place is the
+        // key prefix (etcd) or the parent node (ZooKeeper) of this round.
+        BackendKind::Etcd => StoreUrl::Etcd {
+            hosts: vec!["placeholder:1".to_owned()],
+            tls: false,
+            folder: format!("{place}/"),
+            key,
+        },
+        BackendKind::ZooKeeper => StoreUrl::ZooKeeper {
+            hosts: vec!["placeholder:1".to_owned()],
+            path: format!("/{place}"),
             key,
         },
     };
@@ -222,6 +311,9 @@ pub const EV_RENEWED: &str = "renewed";
 pub const EV_WRITE: &str = "write";
 /// The term ended; `t` is `min(now, deadline)`.
 pub const EV_TERM_ENDED: &str = "term_ended";
+/// The candidate is shutting down: its work has stopped, and its elector now releases the
+/// lease (the release is sent right after).
+pub const EV_RELEASING: &str = "releasing";
 /// The candidate shut down.
 pub const EV_EXIT: &str = "exit";
 

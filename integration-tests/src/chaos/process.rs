@@ -8,9 +8,9 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::Proxy;
 use super::checker::{CandidateLog, parse_log};
 use super::{EV_TERM_ENDED, EV_TERM_STARTED};
-use crate::proxy::FaultProxy;
 
 /// A candidate process.
 pub(super) struct Proc {
@@ -21,7 +21,7 @@ pub(super) struct Proc {
     /// Its event log (its stdout).
     pub(super) log: PathBuf,
     /// Its proxy (none for the file store).
-    pub(super) proxy: Option<FaultProxy>,
+    pub(super) proxy: Option<Proxy>,
     /// When it was SIGKILLed, if it was.
     pub(super) killed_at: Option<u64>,
     /// Whether it has exited and been reaped.

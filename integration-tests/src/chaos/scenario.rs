@@ -69,9 +69,15 @@ impl Scenario {
         Self::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// Whether it applies to `kind` (the file store has no proxy to partition or throttle).
+    /// Whether it applies to `kind`: the file store has no proxy to partition or throttle,
+    /// and a byte-level proxy (etcd, ZooKeeper) can partition and stall but not throttle,
+    /// lose or delay single requests.
     pub fn applies_to(self, kind: BackendKind) -> bool {
-        kind.proxied() || matches!(self, Scenario::Kill | Scenario::Stop | Scenario::Term)
+        match self {
+            Scenario::Kill | Scenario::Stop | Scenario::Term => true,
+            Scenario::Partition | Scenario::Stall => kind.proxied(),
+            Scenario::Throttle | Scenario::Lossy | Scenario::Late => kind.http(),
+        }
     }
 
     /// The bound on the measured time: failover, handover or recovery.

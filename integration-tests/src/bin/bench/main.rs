@@ -17,7 +17,7 @@
 //!   until the last one's term begins (about a ttl: the lease has to expire).
 //!
 //! Then, once per backend, a holder and one waiting follower, each behind its own
-//! [`FaultProxy`], are left alone for `window` seconds: the store requests each sent, by kind
+//! [`FaultProxy`](integration_tests::proxy::FaultProxy), are left alone for `window` seconds: the store requests each sent, by kind
 //! (the AWS operation, else `METHOD /path`, with the container, table or bucket written
 //! `{place}`), by what their price depends on (a DynamoDB read's consistency, Azure's
 //! operation, the answer's status), scaled to an hour and priced with each cloud's published
@@ -57,9 +57,10 @@ use integration_tests::chaos::candidate::CandidateArgs;
 use integration_tests::chaos::checker::{CandidateLog, FinalObject, check, parse_log};
 use integration_tests::chaos::drill::{prepare, proxied};
 use integration_tests::chaos::{
-    BackendKind, EV_READY, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, Event, mono_us, open_store,
+    BackendKind, EV_READY, EV_RELEASING, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, Event, Proxy,
+    mono_us, open_store,
 };
-use integration_tests::proxy::{Exchange, FaultProxy};
+use integration_tests::proxy::Exchange;
 use leader_core::backend::Rng;
 use leader_core::{ObjectName, Timing};
 use nix::sys::signal::{Signal, kill};
@@ -79,12 +80,14 @@ enum Backend {
 
 impl Backend {
     /// The default run, in the order of the tables: the peer right after our DynamoDB.
-    const ALL: [Backend; 5] = [
+    const ALL: [Backend; 7] = [
         Backend::Ours(BackendKind::File),
         Backend::Ours(BackendKind::Azure),
         Backend::Ours(BackendKind::Dynamo),
         Backend::Peer,
         Backend::Ours(BackendKind::Gcs),
+        Backend::Ours(BackendKind::Etcd),
+        Backend::Ours(BackendKind::ZooKeeper),
     ];
 
     fn name(self) -> &'static str {
@@ -109,7 +112,7 @@ impl Backend {
     /// Whose prices apply (none for the file store).
     fn cloud(self) -> Option<Cloud> {
         match self.kind() {
-            BackendKind::File => None,
+            BackendKind::File | BackendKind::Etcd | BackendKind::ZooKeeper => None,
             BackendKind::Azure => Some(Cloud::Azure),
             BackendKind::Dynamo => Some(Cloud::Aws),
             BackendKind::Gcs => Some(Cloud::Gcp),
@@ -392,7 +395,7 @@ struct Candidate {
     id: String,
     child: Child,
     log: PathBuf,
-    proxy: Option<FaultProxy>,
+    proxy: Option<Proxy>,
     /// When it was spawned ([`mono_us`]).
     spawned: u64,
     reaped: bool,
@@ -488,6 +491,7 @@ struct Samples {
     acquire_from_spawn: Vec<f64>,
     acquire_from_ready: Vec<f64>,
     handover: Vec<f64>,
+    release_to_acquire: Vec<f64>,
     failover: Vec<f64>,
 }
 
@@ -535,6 +539,11 @@ async fn round(site: &Site, n: usize, samples: &mut Samples, rng: &mut Rng) -> R
     .await
     .ok_or_else(|| format!("no new leader within {patience:?} of SIGTERM"))?;
     samples.handover.push(ms_between(sent, took_over));
+    if let Some(releasing) = first.logged(EV_RELEASING, sent) {
+        samples
+            .release_to_acquire
+            .push(ms_between(releasing, took_over));
+    }
     first.stop(site.ttl() + Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -574,8 +583,11 @@ async fn count_requests(site: &Site, window: Duration) -> Result<Requests, Strin
         .await
         .ok_or("the follower did not start")?;
     tokio::time::sleep(site.settle()).await;
-    let (Some(hp), Some(fp)) = (&holder.proxy, &follower.proxy) else {
-        return Err("no proxy to count through".to_owned());
+    fn http(c: &Candidate) -> Option<&integration_tests::proxy::FaultProxy> {
+        c.proxy.as_ref().and_then(Proxy::http)
+    }
+    let (Some(hp), Some(fp)) = (http(&holder), http(&follower)) else {
+        return Err("no HTTP proxy to count requests through (file, etcd, ZooKeeper)".to_owned());
     };
     let from = mono_us();
     hp.reset_requests();
@@ -894,22 +906,25 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
          Acquire: one candidate on a free key, from its spawn and from its elector's start \
          (its `ready`) to its term. Handover: two more wait; at a random point of their poll \
          cycle the leader gets SIGTERM and releases; until the first of the two begins its \
-         term. Failover: at a random point of its renew cycle, that one gets SIGKILL; until \
-         the last one's term begins (the lease has to expire).\n\n\
+         term; release to acquire: from the moment its elector starts to release (the \
+         candidate's `releasing`, right before the release is sent) to that term. Failover: \
+         at a random point of its renew cycle, that one gets SIGKILL; until the last one's \
+         term begins (the lease has to expire).\n\n\
          | backend | rounds ok | acquire (spawn to leader) | acquire (elector start to leader) \
-         | handover after SIGTERM | failover after SIGKILL |\n\
-         |---|---|---|---|---|---|\n",
+         | handover after SIGTERM | release to acquire | failover after SIGKILL |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let _ = writeln!(
             s,
-            "| {} | {}/{} | {} | {} | {} | {} |",
+            "| {} | {}/{} | {} | {} | {} | {} | {} |",
             r.backend.name(),
             r.rounds_ok,
             settings.rounds,
             spread(&r.samples.acquire_from_spawn),
             spread(&r.samples.acquire_from_ready),
             spread(&r.samples.handover),
+            spread(&r.samples.release_to_acquire),
             spread(&r.samples.failover)
         );
     }

@@ -1,0 +1,49 @@
+//! Chaos drills on the Etcd backend with real candidate processes (see `integration_tests::chaos`),
+//! each candidate behind its own TCP-level fault proxy in front of the real server.
+
+mod chaos_support;
+
+use integration_tests::chaos::BackendKind;
+use integration_tests::chaos::drill::Scenario;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill() {
+    chaos_support::drill(BackendKind::Etcd, Scenario::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop() {
+    chaos_support::drill(BackendKind::Etcd, Scenario::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition() {
+    chaos_support::drill(BackendKind::Etcd, Scenario::Partition).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall() {
+    chaos_support::drill(BackendKind::Etcd, Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn term() {
+    chaos_support::drill(BackendKind::Etcd, Scenario::Term).await;
+}
+
+/// Request-level faults need an HTTP proxy: not drills for this backend.
+#[test]
+fn only_byte_level_faults_apply() {
+    for s in [Scenario::Throttle, Scenario::Lossy, Scenario::Late] {
+        assert!(!s.applies_to(BackendKind::Etcd), "{s:?}");
+    }
+    for s in [
+        Scenario::Kill,
+        Scenario::Stop,
+        Scenario::Partition,
+        Scenario::Stall,
+        Scenario::Term,
+    ] {
+        assert!(s.applies_to(BackendKind::Etcd), "{s:?}");
+    }
+}
