@@ -77,6 +77,11 @@ impl Default for EtcdBuilder {
     }
 }
 
+/// A non-empty environment variable.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
 /// `http://` in front of a bare `host:port`.
 fn normalized(endpoint: &str) -> String {
     let endpoint = endpoint.trim().trim_end_matches('/');
@@ -100,22 +105,31 @@ impl EtcdBuilder {
         Self::default()
     }
 
-    /// A builder from the environment: [`ENDPOINTS_VAR`] (required), [`PREFIX_VAR`],
-    /// [`USER_VAR`] with [`PASSWORD_VAR`], [`CA_FILE_VAR`].
+    /// A builder from the environment: [`ENDPOINTS_VAR`] (required), [`PREFIX_VAR`], and
+    /// the credentials of [`from_env_credentials`](Self::from_env_credentials).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] if the endpoints are not set, or a user without a password.
     pub fn from_env() -> Result<Self, Error> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let endpoints = var(ENDPOINTS_VAR).ok_or_else(|| {
             invalid(format!(
                 "set {ENDPOINTS_VAR} to the etcd endpoints, e.g. http://127.0.0.1:2379"
             ))
         })?;
-        let mut builder = Self::new().with_endpoints(endpoints.split(','));
+        let mut builder = Self::from_env_credentials()?.with_endpoints(endpoints.split(','));
         if let Some(prefix) = var(PREFIX_VAR) {
             builder = builder.with_prefix(prefix);
         }
+        Ok(builder)
+    }
+
+    /// A builder with only the credentials from the environment: [`USER_VAR`] with
+    /// [`PASSWORD_VAR`], and [`CA_FILE_VAR`]; the endpoints and prefix are the caller's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a user without a password.
+    pub fn from_env_credentials() -> Result<Self, Error> {
+        let mut builder = Self::new();
         match (var(USER_VAR), std::env::var(PASSWORD_VAR).ok()) {
             (Some(user), Some(password)) => builder = builder.with_user(user, password),
             (Some(_), None) => {

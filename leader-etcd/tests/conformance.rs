@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use leader_core::conformance::{ConformantStore, Harness};
 use leader_core::{Error, LeaseKey, Timing};
-use support::{Prefix, Raw};
+use support::Prefix;
 
 struct Etcd(Prefix);
 
@@ -28,13 +28,17 @@ impl Harness for Etcd {
 
     async fn plant_malformed(&self, key: &LeaseKey) -> Result<(), Error> {
         let k = self.0.store().await.lease_key(key);
-        Raw::new().await.put(&k, b"{\"not\": \"a record\"").await;
+        support::raw()
+            .await
+            .put(&k, b"{\"not\": \"a record\"")
+            .await
+            .unwrap();
         Ok(())
     }
 
     async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
         let k = self.0.store().await.lease_key(key);
-        Raw::new().await.delete(&k).await;
+        support::raw().await.delete(&k).await.unwrap();
         Ok(())
     }
 }

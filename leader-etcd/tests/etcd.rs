@@ -11,7 +11,7 @@ use leader_core::backend::Fence;
 use leader_core::{
     Acquisition, Error, FencedStore, HolderId, LeaseBackend, LeaseClient, ObjectName, Renewal,
 };
-use support::{Prefix, Raw};
+use support::Prefix;
 use tokio::time::{Instant, timeout};
 
 fn client(store: &leader_etcd::EtcdStore, key: &leader_core::LeaseKey, who: &str) -> LeaseClient {
@@ -39,17 +39,21 @@ async fn etcd_ends_a_lease_that_is_not_renewed() {
     let p = Prefix::new();
     let store = p.store().await;
     let key = p.unique_key();
-    let raw = Raw::new().await;
+    let raw = support::raw().await;
     let mut a = client(&store, &key, "a");
     let mut b = client(&store, &key, "b");
     let g1 = acquired(&mut a).await;
-    let (create, _, lease) = raw.get(&store.lease_key(&key)).await.expect("key written");
+    let written = raw
+        .get(&store.lease_key(&key))
+        .await
+        .unwrap()
+        .expect("key written");
     assert_eq!(
         g1.token.0,
-        u64::try_from(create).unwrap(),
+        u64::try_from(written.create_revision).unwrap(),
         "the token is the create revision"
     );
-    assert_ne!(lease, 0, "the key is attached to an etcd lease");
+    assert_ne!(written.lease, 0, "the key is attached to an etcd lease");
     drop(a); // no renew, no release
     let started = Instant::now();
     let g2 = loop {
@@ -94,7 +98,11 @@ async fn the_watch_fires_on_release_and_on_delete() {
     timeout(Duration::from_secs(2), changes.changed())
         .await
         .expect("hint on release");
-    Raw::new().await.delete(&store.lease_key(&key)).await;
+    support::raw()
+        .await
+        .delete(&store.lease_key(&key))
+        .await
+        .unwrap();
     timeout(Duration::from_secs(2), changes.changed())
         .await
         .expect("hint on delete");
@@ -110,7 +118,11 @@ async fn a_renew_after_the_key_was_recreated_is_lost() {
     let mut a = client(&store, &key, "a");
     let mut b = client(&store, &key, "b");
     let g1 = acquired(&mut a).await;
-    Raw::new().await.delete(&store.lease_key(&key)).await;
+    support::raw()
+        .await
+        .delete(&store.lease_key(&key))
+        .await
+        .unwrap();
     let g2 = acquired(&mut b).await;
     assert!(g2.token > g1.token);
     assert!(matches!(a.renew().await.unwrap(), Renewal::Lost { .. }));
@@ -139,7 +151,11 @@ async fn fenced_writes_need_the_live_lease_key() {
         token: g.token,
     };
     store.fenced_write(&fence, &object, b"one").await.unwrap();
-    Raw::new().await.delete(&store.lease_key(&key)).await;
+    support::raw()
+        .await
+        .delete(&store.lease_key(&key))
+        .await
+        .unwrap();
     let err = store
         .fenced_write(&fence, &object, b"two")
         .await

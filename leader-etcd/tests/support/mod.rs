@@ -4,12 +4,9 @@
 
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
-use integration_tests::unique_name;
+use integration_tests::{Emulator, require, unique_name};
 use leader_core::{LeaseKey, Timing};
 use leader_etcd::EtcdStore;
-use serde_json::{Value, json};
 
 /// The store's request timeout in the tests (and the elector's).
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
@@ -29,8 +26,10 @@ pub(crate) fn timing() -> Timing {
 
 /// The etcd server of `scripts/emulators` (`LEADER_ETCD_ENDPOINT`).
 pub(crate) async fn endpoint() -> String {
-    // TEMP until integration_tests::Emulator::Etcd lands.
-    std::env::var("LEADER_ETCD_ENDPOINT").expect("these tests need etcd (LEADER_ETCD_ENDPOINT)")
+    require(Emulator::Etcd)
+        .await
+        .expect("these tests need etcd (LEADER_ETCD_ENDPOINT; run under scripts/emulators)")
+        .url
 }
 
 /// A key prefix of its own, so that runs and cases never meet.
@@ -59,60 +58,7 @@ impl Prefix {
     }
 }
 
-/// etcd's JSON gateway (`/v3/...`), for what a test does behind the store's back.
-pub(crate) struct Raw {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Raw {
-    pub(crate) async fn new() -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: endpoint().await,
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        let response = self
-            .http
-            .post(format!("{}/v3/{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            response.status().is_success(),
-            "{path}: {}",
-            response.status()
-        );
-        response.json().await.unwrap()
-    }
-
-    /// Writes `value` to `key` without a lease.
-    pub(crate) async fn put(&self, key: &str, value: &[u8]) {
-        self.post(
-            "kv/put",
-            json!({"key": B64.encode(key), "value": B64.encode(value)}),
-        )
-        .await;
-    }
-
-    /// Deletes `key`.
-    pub(crate) async fn delete(&self, key: &str) {
-        self.post("kv/deleterange", json!({"key": B64.encode(key)}))
-            .await;
-    }
-
-    /// The key's `(create_revision, mod_revision, lease)`, if it exists.
-    pub(crate) async fn get(&self, key: &str) -> Option<(i64, i64, i64)> {
-        let answer = self.post("kv/range", json!({"key": B64.encode(key)})).await;
-        let kv = answer.get("kvs")?.get(0)?;
-        let num = |f: &str| {
-            kv.get(f)
-                .and_then(|v| v.as_str())
-                .map_or(0, |s| s.parse::<i64>().unwrap())
-        };
-        Some((num("create_revision"), num("mod_revision"), num("lease")))
-    }
+/// Raw access to the test server, behind the store's back.
+pub(crate) async fn raw() -> integration_tests::etcd::EtcdRaw {
+    integration_tests::etcd::EtcdRaw::new(&endpoint().await)
 }
