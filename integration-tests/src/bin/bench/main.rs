@@ -1266,7 +1266,18 @@ mod tests {
     fn the_peer_runs_right_after_our_dynamodb_by_default() {
         let s = args(&[]).unwrap();
         let names: Vec<_> = s.backends.iter().map(|b| b.name()).collect();
-        assert_eq!(names, ["file", "azure", "dynamo", "dynamo-peer", "gcs"]);
+        assert_eq!(
+            names,
+            [
+                "file",
+                "azure",
+                "dynamo",
+                "dynamo-peer",
+                "gcs",
+                "etcd",
+                "zookeeper"
+            ]
+        );
         assert_eq!(s.stop_rounds, 3);
         assert_eq!(args(&["stop_rounds=0"]).unwrap().stop_rounds, 0);
         let s = args(&["backends=dynamo-peer"]).unwrap();
