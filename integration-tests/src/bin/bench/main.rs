@@ -766,7 +766,9 @@ async fn bench_backend(backend: Backend, settings: &Settings, bins: Bins) -> Bac
             report.failures.last().map_or("done", String::as_str)
         );
     }
-    if backend.kind().proxied() {
+    // Requests are counted by kind by the HTTP proxy; etcd's and ZooKeeper's TCP proxy
+    // cannot tell requests apart.
+    if backend.kind().http() {
         eprintln!("bench: {name} counting requests for {:?}", settings.window);
         let counted = count_requests(&site, settings.window).await;
         if let Err(e) = &counted {
