@@ -12,6 +12,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::error::{Effect, to_error};
 use crate::rpc::{Auth, Rpc};
 use crate::store::EtcdStore;
+use tracing::{debug, warn};
 
 /// Environment variable with the endpoints, comma-separated, read by [`EtcdBuilder::from_env`].
 pub const ENDPOINTS_VAR: &str = "LEADER_ETCD_ENDPOINTS";
@@ -284,7 +285,42 @@ impl EtcdBuilder {
                 }
                 _ => e,
             })?;
+        match tokio::time::timeout(self.connect_timeout, rpc.version(self.connect_timeout)).await {
+            Ok(Ok(version)) if !revokes_safely(&version) => warn!(
+                version,
+                "this etcd release can revoke a lease early after a leader change while the old \
+                 leader is stuck (etcd-io/etcd#15247, fixed in 3.4.31, 3.5.13 and 3.6): a \
+                 holder could then act past the moment a follower takes over; upgrade the \
+                 cluster (a single-member cluster is not affected)"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => debug!(error = %e, "could not read etcd's version"),
+            Err(_) => debug!("reading etcd's version timed out"),
+        }
         Ok(EtcdStore::new(rpc, self.prefix, self.endpoints))
+    }
+}
+
+/// Whether an etcd server version has the fix for etcd-io/etcd#15247: a stuck old leader no
+/// longer revokes leases that the new leader kept alive.
+fn revokes_safely(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .unwrap_or(0)
+    });
+    let (major, minor, patch) = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m >= 6,
+        (m, _) => m > 3,
     }
 }
 
@@ -296,6 +332,16 @@ mod tests {
     fn endpoints_get_a_scheme_and_lose_a_trailing_slash() {
         let b = EtcdBuilder::new().with_endpoints(["127.0.0.1:2379", "https://e:2379/", " "]);
         assert_eq!(b.endpoints, ["http://127.0.0.1:2379", "https://e:2379"]);
+    }
+
+    #[test]
+    fn releases_with_the_early_revoke_are_told_apart() {
+        for old in ["3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "2.3.8"] {
+            assert!(!revokes_safely(old), "{old}");
+        }
+        for fixed in ["3.4.31", "3.5.13", "3.5.17", "3.6.0", "3.6.0-rc.1", "4.0.0"] {
+            assert!(revokes_safely(fixed), "{fixed}");
+        }
     }
 
     #[test]

@@ -24,10 +24,19 @@ fn never_applied(status: &Status) -> bool {
         || m.contains("connection refused")
 }
 
-/// Whether etcd refused an expired or unknown auth token (simple tokens expire after 5 min of
-/// disuse): the client authenticates again and the call is retried.
+/// Whether etcd refused the auth token before applying anything, in a way that a fresh token
+/// cures: the token expired (simple tokens expire after 5 min of disuse), or an operator
+/// changed users or roles since it was issued ("revision of auth store is old", or a token
+/// that no longer names a user). The client authenticates again and the call is retried.
 pub(crate) fn is_stale_token(status: &Status) -> bool {
-    status.code() == Code::Unauthenticated && status.message().contains("invalid auth token")
+    let m = status.message();
+    match status.code() {
+        Code::Unauthenticated => m.contains("invalid auth token"),
+        Code::InvalidArgument => {
+            m.contains("auth store is old") || m.contains("user name is empty")
+        }
+        _ => false,
+    }
 }
 
 /// Whether etcd said that a lease does not exist (expired, revoked, or never granted).
@@ -49,7 +58,7 @@ pub(crate) fn to_error(status: Status, what: &str, effect: Effect) -> Error {
     );
     let unknown_outcome = effect == Effect::MayHaveApplied && !never_applied(&status);
     match status.code() {
-        Code::Unauthenticated if is_stale_token(&status) => Error::Unavailable {
+        _ if is_stale_token(&status) => Error::Unavailable {
             message: format!("{message} (authenticating again)"),
             source: Some(Box::new(status)),
         },
@@ -164,11 +173,16 @@ mod tests {
             Effect::None,
         );
         assert_eq!(bad.kind(), ErrorKind::Unauthenticated);
-        let stale = Status::unauthenticated("etcdserver: invalid auth token");
-        assert!(is_stale_token(&stale));
-        assert_eq!(
-            to_error(stale, "r", Effect::None).kind(),
-            ErrorKind::Unavailable
-        );
+        for stale in [
+            Status::unauthenticated("etcdserver: invalid auth token"),
+            Status::invalid_argument("etcdserver: revision of auth store is old"),
+        ] {
+            assert!(is_stale_token(&stale));
+            // Refused before anything was applied: a write may be retried with a new token.
+            assert_eq!(
+                to_error(stale, "w", Effect::MayHaveApplied).kind(),
+                ErrorKind::Unavailable
+            );
+        }
     }
 }

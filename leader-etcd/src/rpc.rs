@@ -21,6 +21,7 @@ const LEASE_REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
 const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 const WATCH: &str = "/etcdserverpb.Watch/Watch";
 const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+const STATUS: &str = "/etcdserverpb.Maintenance/Status";
 
 /// A user name and password, and the token etcd gave for them.
 pub(crate) struct Auth {
@@ -169,6 +170,12 @@ impl Rpc {
         };
         let _: wire::RangeResponse = self.unary(RANGE, request, left).await?;
         Ok(())
+    }
+
+    /// The version of the member that answers.
+    pub(crate) async fn version(&self, left: Duration) -> Result<String, Status> {
+        let answer: wire::StatusResponse = self.unary(STATUS, wire::StatusRequest {}, left).await?;
+        Ok(answer.version)
     }
 
     pub(crate) async fn txn(

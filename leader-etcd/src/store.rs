@@ -164,8 +164,13 @@ impl EtcdStore {
         let rpc = self.rpc.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = rpc.revoke(lease, REVOKE_BUDGET).await {
-                    debug!(lease, error = %e, "could not revoke an unused etcd lease; it expires by itself");
+                // Bounded even while no endpoint answers (the channel then waits to connect).
+                match tokio::time::timeout(REVOKE_BUDGET, rpc.revoke(lease, REVOKE_BUDGET)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        debug!(lease, error = %e, "could not revoke an unused etcd lease; it expires by itself");
+                    }
+                    Err(_) => debug!(lease, "revoking an unused etcd lease timed out; it expires by itself"),
                 }
             });
         }
@@ -177,6 +182,8 @@ impl EtcdStore {
         if let Expected::Revision(revision) = &request.expected {
             // The record of an ended term (ours), or one not attached to a lease: delete it,
             // so that the new term creates the key and gets a new create revision (its token).
+            // If a later step fails, the error does not mention this delete: harmless, since
+            // it removed a record that every candidate may take at once, as if absent.
             let clear = TxnRequest {
                 compare: vec![Compare::modified_at(k, mod_revision(revision)?)],
                 success: vec![RequestOp::delete(k)],
@@ -454,9 +461,14 @@ impl FencedCas for EtcdStore {
             Expected::Revision(r) => Compare::modified_at(o, mod_revision(r)?),
         };
         // The term is live exactly while its lease key exists with the create revision that is
-        // its token: etcd deletes the key when the lease ends.
+        // its token and is attached to a lease: etcd deletes the key when the lease ends, and a
+        // release detaches it.
         let txn = TxnRequest {
-            compare: vec![Compare::created_at(l, token), object_as_read],
+            compare: vec![
+                Compare::created_at(l, token),
+                Compare::leased(l),
+                object_as_read,
+            ],
             success: vec![RequestOp::put(
                 o,
                 encode_fenced(put.fence.token, put.value),
@@ -470,8 +482,9 @@ impl FencedCas for EtcdStore {
                 answer.revision().to_string(),
             )));
         }
-        let lease_token = answer.range(0).map(|kv| kv.create_revision);
-        if lease_token != Some(token) {
+        let lease_kv = answer.range(0);
+        let lease_token = lease_kv.map(|kv| kv.create_revision);
+        if lease_token != Some(token) || lease_kv.is_some_and(|kv| kv.lease == 0) {
             warn!(object = %put.object, token = %put.fence.token, "fenced write refused: the term's lease has ended");
             return Err(Error::Fenced {
                 object: put.object.to_string(),

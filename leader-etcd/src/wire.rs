@@ -115,11 +115,13 @@ pub enum Response {
     DeleteRange(DeleteRangeResponse),
 }
 
-/// `Compare.result`: only equality is used.
+/// `Compare.result` values.
 pub const COMPARE_EQUAL: i32 = 0;
+pub const COMPARE_NOT_EQUAL: i32 = 3;
 /// `Compare.target` values.
 pub const TARGET_CREATE: i32 = 1;
 pub const TARGET_MOD: i32 = 2;
+pub const TARGET_LEASE: i32 = 4;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct Compare {
@@ -129,7 +131,7 @@ pub struct Compare {
     pub target: i32,
     #[prost(bytes = "vec", tag = "3")]
     pub key: Vec<u8>,
-    #[prost(oneof = "TargetUnion", tags = "5, 6")]
+    #[prost(oneof = "TargetUnion", tags = "5, 6, 8")]
     pub target_union: Option<TargetUnion>,
 }
 
@@ -139,6 +141,8 @@ pub enum TargetUnion {
     CreateRevision(i64),
     #[prost(int64, tag = "6")]
     ModRevision(i64),
+    #[prost(int64, tag = "8")]
+    Lease(i64),
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -262,6 +266,16 @@ pub struct AuthenticateResponse {
     pub token: String,
 }
 
+#[derive(Clone, PartialEq, Message)]
+pub struct StatusRequest {}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct StatusResponse {
+    /// The member's server version, such as `3.5.17`.
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
 impl Compare {
     /// `create_revision(key) == revision`; 0 means the key does not exist.
     pub fn created_at(key: &[u8], revision: i64) -> Self {
@@ -270,6 +284,16 @@ impl Compare {
             target: TARGET_CREATE,
             key: key.to_vec(),
             target_union: Some(TargetUnion::CreateRevision(revision)),
+        }
+    }
+
+    /// The key is attached to a lease (etcd 3.3 and later): `lease(key) != 0`.
+    pub fn leased(key: &[u8]) -> Self {
+        Self {
+            result: COMPARE_NOT_EQUAL,
+            target: TARGET_LEASE,
+            key: key.to_vec(),
+            target_union: Some(TargetUnion::Lease(0)),
         }
     }
 

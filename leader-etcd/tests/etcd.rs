@@ -184,3 +184,32 @@ async fn read_for_term_knows_its_own_lease() {
     assert!(!other.record.is_held(), "another term's lease is not ours");
     assert_ne!(other.revision, plain.revision);
 }
+
+/// A released term's token no longer writes: the released record keeps its create revision
+/// (its token), but is detached from any lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_term_cannot_write_fenced() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let object = ObjectName::new("report").unwrap();
+    let mut a = client(&store, &key, "a");
+    let g = acquired(&mut a).await;
+    let fence = Fence {
+        key: key.clone(),
+        holder: a.holder().clone(),
+        token: g.token,
+    };
+    store.fenced_write(&fence, &object, b"one").await.unwrap();
+    assert!(a.release().await.unwrap());
+    let released = store.read(&key).await.unwrap().unwrap();
+    assert_eq!(
+        released.record.token, g.token,
+        "the released record keeps its token"
+    );
+    let err = store
+        .fenced_write(&fence, &object, b"two")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+}

@@ -283,7 +283,18 @@ impl ZooKeeperStore {
                 let Some(next) = version.checked_add(1) else {
                     return Ok(conflict(None));
                 };
-                if let Some(old) = self.inner.terms.by_node(path, czxid) {
+                let mut ours = self.inner.terms.by_node(path, czxid);
+                if ours.is_none() {
+                    // A create of ours whose answer was lost records no czxid: tell our own
+                    // node by its owner, one of our term sessions.
+                    if let Ok(Some(stat)) = session.client.check_stat(path).await
+                        && stat.czxid == czxid
+                        && stat.ephemeral_owner != 0
+                    {
+                        ours = self.inner.terms.by_owner(path, stat.ephemeral_owner);
+                    }
+                }
+                if let Some(old) = ours {
                     // Our own earlier term's node: only its session may write it. It deletes
                     // it, then the new session creates the new term's node.
                     let delete = Request::write("deleting our earlier term's lease node", path);
@@ -1015,6 +1026,12 @@ impl FencedCas for ZooKeeperStore {
             .run(|_| async {
                 let client = self.inner.shared.client().await?;
                 let read = Request::read("reading the lease node", &lease);
+                // Up to date with the ensemble's leader, so that the check below starts from
+                // the lease node as it is now, not as a lagging server last saw it. (The
+                // multi checks its version; a node recreated at the same version between the
+                // two is the one window left, and the object's fence still refuses a token
+                // below one that wrote it.)
+                client.sync(&lease).await.map_err(|e| map_error(e, read))?;
                 let stat = client
                     .check_stat(&lease)
                     .await

@@ -78,6 +78,12 @@ impl Class {
             // The client reports a broken connection (reset, no answer in time) as a custom
             // error with the I/O error inside.
             ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) => Class::Lost,
+            // The client fails every request in flight with the error of a reply it could not
+            // read, or an answer it did not expect: a write among them may have been applied.
+            ZkError::UnmarshalError { .. }
+            | ZkError::UnexpectedError(_)
+            | ZkError::UnexpectedErrorCode(_)
+            | ZkError::RuntimeInconsistent => Class::Lost,
             ZkError::SessionExpired | ZkError::ClientClosed => Class::SessionEnded,
             ZkError::NodeExists | ZkError::BadVersion | ZkError::NotEmpty => Class::Condition,
             ZkError::BadArguments(_)
@@ -189,6 +195,16 @@ mod tests {
             ),
             (
                 ZkError::Timeout,
+                ErrorKind::Unavailable,
+                ErrorKind::Indeterminate,
+            ),
+            (
+                ZkError::UnexpectedErrorCode(-999),
+                ErrorKind::Unavailable,
+                ErrorKind::Indeterminate,
+            ),
+            (
+                ZkError::RuntimeInconsistent,
                 ErrorKind::Unavailable,
                 ErrorKind::Indeterminate,
             ),

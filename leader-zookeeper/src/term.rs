@@ -110,6 +110,15 @@ impl Terms {
             .cloned()
     }
 
+    /// The live session of this store whose id is `owner` (a node's `ephemeralOwner`), for
+    /// the node at `path`.
+    pub(crate) fn by_owner(&self, path: &str, owner: i64) -> Option<Arc<TermSession>> {
+        self.map()
+            .values()
+            .find(|s| s.path == path && s.session_id == owner)
+            .cloned()
+    }
+
     /// How many term sessions are live (for tests).
     pub(crate) fn len(&self) -> usize {
         self.map().len()
@@ -243,11 +252,22 @@ impl TermSession {
     /// Returns `false` (and records nothing) if the session is ending or a ttl has passed
     /// since the last write (the watchdog is about to end it): the write must not be sent.
     pub(crate) fn touch(&self, at: Instant) -> bool {
-        if self.ended.load(Ordering::SeqCst) || *self.sent.borrow() + self.ttl <= at {
+        if self.ended.load(Ordering::SeqCst) {
             return false;
         }
-        self.sent.send_modify(|t| *t = (*t).max(at));
-        true
+        // The check and the update in one step, against the clock read inside it: the
+        // watchdog must never decide to end the session between the two while this write
+        // goes out.
+        let mut alive = false;
+        self.sent.send_if_modified(|t| {
+            alive = *t + self.ttl > Instant::now();
+            if alive && at > *t {
+                *t = at;
+                return true;
+            }
+            false
+        });
+        alive
     }
 }
 
