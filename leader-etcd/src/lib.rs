@@ -82,6 +82,10 @@
 //! - **Permissions.** With auth enabled, the user needs a role with `readwrite` on the range
 //!   of the prefix (`etcdctl role grant-permission ROLE readwrite --prefix=true leader-lease/`)
 //!   and the lease API (any authenticated user may grant and revoke leases).
+//! - **Which etcd.** 3.3 or later. On clusters of several members, prefer 3.4.31, 3.5.13,
+//!   3.6 or later: older releases can revoke a lease early when a stuck old leader wakes up
+//!   after a leader change (etcd-io/etcd#15247), which breaks the rule above; [`EtcdBuilder::build`]
+//!   warns on them.
 //! - **No `protoc`.** The few etcd v3 messages used are declared in this crate (the wire
 //!   contract is etcd's `rpc.proto`), so building needs no protobuf compiler.
 
