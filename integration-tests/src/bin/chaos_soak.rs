@@ -1,5 +1,5 @@
 //! The long form of the chaos drills: `chaos_soak [rounds=N] [minutes=M]
-//! [backends=file,azure,dynamo,gcs]
+//! [backends=file,azure,dynamo,gcs,etcd,zookeeper]
 //! [scenarios=sigkill,sigstop,partition,stall,throttle,sigterm,lossy]
 //! [out=FILE] [dir=DIR]`.
 //!

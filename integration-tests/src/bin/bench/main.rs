@@ -889,9 +889,10 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
          emulator, with its defaults for a ttl of {peer_ttl} s (whole seconds): extend every \
          {:.1} s, an acquire attempt every 1 s while the lease is held elsewhere; it releases \
          on SIGTERM (src/bin/peer_candidate.rs).\n\n\
-         Measured on this machine against the emulators (Azurite, moto, fake-gcs-server, on \
-         loopback) and the local file store, {build}, all backends at once: today's numbers \
-         to compare later work against, not what a cloud region gives.\n",
+         Measured on this machine against the emulators (Azurite, moto, fake-gcs-server) and \
+         single-member etcd and ZooKeeper servers, on loopback, and the local file store, \
+         {build}, all backends at once: today's numbers to compare later work against, not \
+         what a cloud region gives.\n",
         secs(t.ttl),
         secs(t.renew_every),
         secs(t.poll_every),
@@ -965,10 +966,12 @@ fn render_requests(s: &mut String, reports: &[BackendReport]) {
     for r in reports {
         let name = r.backend.name();
         let (Some(cloud), Some(requests)) = (r.backend.cloud(), &r.requests) else {
-            let _ = writeln!(
-                s,
-                "| {name} | - | no network: not counted | - | - | - | - | - |"
-            );
+            let why = if r.backend.kind().proxied() {
+                "behind a byte-level proxy: not counted by kind"
+            } else {
+                "no network: not counted"
+            };
+            let _ = writeln!(s, "| {name} | - | {why} | - | - | - | - | - |");
             continue;
         };
         let req = match requests {
