@@ -19,10 +19,13 @@ pub struct RawKey {
 }
 
 /// A client of etcd's JSON gateway at `http://host:port`.
+///
+/// Keys and values are base64 in the gateway's JSON; user and role names are plain strings.
 #[derive(Clone, Debug)]
 pub struct EtcdRaw {
     http: reqwest::Client,
     base: String,
+    token: Option<String>,
 }
 
 impl EtcdRaw {
@@ -31,19 +34,47 @@ impl EtcdRaw {
         Self {
             http: reqwest::Client::new(),
             base: endpoint.trim_end_matches('/').to_owned(),
+            token: None,
         }
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value, String> {
-        let response = self
+    /// A client of a server with auth enabled, authenticated as `user`.
+    ///
+    /// # Errors
+    /// A message if etcd refused the credentials.
+    pub async fn authenticated(endpoint: &str, user: &str, password: &str) -> Result<Self, String> {
+        let mut raw = Self::new(endpoint);
+        let answer = raw
+            .post(
+                "auth/authenticate",
+                json!({"name": user, "password": password}),
+            )
+            .await?;
+        let token = answer
+            .get("token")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("no token in {answer}"))?;
+        raw.token = Some(token.to_owned());
+        Ok(raw)
+    }
+
+    /// POSTs `body` to `/v3/{path}` (e.g. `auth/user/add`) and returns etcd's answer.
+    ///
+    /// # Errors
+    /// A message if etcd did not answer with success.
+    pub async fn post(&self, path: &str, body: Value) -> Result<Value, String> {
+        let mut request = self
             .http
             .post(format!("{}/v3/{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("{path}: {e}"))?;
+            .json(&body);
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", token);
+        }
+        let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
         if !response.status().is_success() {
-            return Err(format!("{path}: HTTP {}", response.status()));
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            return Err(format!("{path}: HTTP {status}: {body}"));
         }
         response.json().await.map_err(|e| format!("{path}: {e}"))
     }
@@ -96,4 +127,9 @@ impl EtcdRaw {
             value,
         }))
     }
+}
+
+/// A key (or prefix) as the gateway's JSON carries bytes.
+pub fn b64(key: &str) -> String {
+    B64.encode(key)
 }

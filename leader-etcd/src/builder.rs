@@ -257,13 +257,13 @@ impl EtcdBuilder {
             .iter()
             .map(|url| self.endpoint(url))
             .collect::<Result<Vec<_>, _>>()?;
-        let channel = Channel::balance_list(endpoints.into_iter());
+        let channel = Channel::balance_list(endpoints.clone().into_iter());
         let auth = self.user.clone().map(|(u, p)| Auth::new(u, p));
         let rpc = Rpc::new(channel, auth);
         let probe = &rpc;
         let prefix = self.prefix.as_bytes();
         let joined = self.endpoints.join(", ");
-        Call::read("reading under the key prefix")
+        let probed = Call::read("reading under the key prefix")
             .with_budget(self.connect_timeout)
             .run(|left| async move {
                 probe
@@ -271,20 +271,40 @@ impl EtcdBuilder {
                     .await
                     .map_err(|s| to_error(s, "reading under the key prefix", Effect::None))
             })
-            .await
-            .map_err(|e| match e.kind() {
-                leader_core::ErrorKind::Unavailable | leader_core::ErrorKind::Timeout => {
-                    Error::Unavailable {
-                        message: format!(
-                            "no etcd endpoint answered within {:?} ({joined}); is the cluster \
-                             up and the address right?",
-                            self.connect_timeout
-                        ),
-                        source: Some(Box::new(e)),
-                    }
+            .await;
+        match probed {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    leader_core::ErrorKind::Unavailable | leader_core::ErrorKind::Timeout
+                ) =>
+            {
+                // The balanced channel only says that no endpoint is ready: ask one directly
+                // why, so that a certificate nobody trusts is told apart from a cluster that
+                // is down.
+                let why = match endpoints.first() {
+                    Some(first) => connect_error(first, self.connect_timeout).await,
+                    None => None,
+                };
+                if let Some(why) = why.as_deref().filter(|w| w.contains("certificate")) {
+                    return Err(invalid(format!(
+                        "the TLS certificate of {joined} is not trusted ({why}); trust its CA \
+                         with with_ca_file or {CA_FILE_VAR} (a PEM file), or SSL_CERT_FILE"
+                    )));
                 }
-                _ => e,
-            })?;
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "no etcd endpoint answered within {:?} ({joined}{}); is the cluster up \
+                         and the address right?",
+                        self.connect_timeout,
+                        why.map(|w| format!(": {w}")).unwrap_or_default()
+                    ),
+                    source: Some(Box::new(e)),
+                });
+            }
+            Err(e) => return Err(e),
+        }
         match tokio::time::timeout(self.connect_timeout, rpc.version(self.connect_timeout)).await {
             Ok(Ok(version)) if !revokes_safely(&version) => warn!(
                 version,
@@ -299,6 +319,24 @@ impl EtcdBuilder {
         }
         Ok(EtcdStore::new(rpc, self.prefix, self.endpoints))
     }
+}
+
+/// Why a direct connection to `endpoint` fails within `timeout` (the error and its causes),
+/// or `None` if it connects.
+async fn connect_error(endpoint: &Endpoint, timeout: Duration) -> Option<String> {
+    let error = match tokio::time::timeout(timeout, endpoint.connect()).await {
+        Ok(Ok(_)) => return None,
+        Ok(Err(e)) => e,
+        Err(_) => return Some(format!("no connection within {timeout:?}")),
+    };
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(&error);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    Some(text)
 }
 
 /// Whether an etcd server version has the fix for etcd-io/etcd#15247: a stuck old leader no

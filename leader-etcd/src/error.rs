@@ -26,15 +26,13 @@ fn never_applied(status: &Status) -> bool {
 
 /// Whether etcd refused the auth token before applying anything, in a way that a fresh token
 /// cures: the token expired (simple tokens expire after 5 min of disuse), or an operator
-/// changed users or roles since it was issued ("revision of auth store is old", or a token
-/// that no longer names a user). The client authenticates again and the call is retried.
+/// changed users or roles since it was issued ("revision of auth store is old"). The client
+/// authenticates again and the call is retried.
 pub(crate) fn is_stale_token(status: &Status) -> bool {
     let m = status.message();
     match status.code() {
         Code::Unauthenticated => m.contains("invalid auth token"),
-        Code::InvalidArgument => {
-            m.contains("auth store is old") || m.contains("user name is empty")
-        }
+        Code::InvalidArgument => m.contains("auth store is old"),
         _ => false,
     }
 }
@@ -66,6 +64,15 @@ pub(crate) fn to_error(status: Status, what: &str, effect: Effect) -> Error {
             message: format!("{message}; check the user name and password"),
             source: Some(Box::new(status)),
         },
+        Code::InvalidArgument if status.message().contains("user name is empty") => {
+            Error::Unauthenticated {
+                message: format!(
+                    "{message}: the cluster has auth enabled; give a user (with_user, or \
+                     LEADER_ETCD_USER and LEADER_ETCD_PASSWORD)"
+                ),
+                source: Some(Box::new(status)),
+            }
+        }
         Code::InvalidArgument if status.message().contains("authentication failed") => {
             Error::Unauthenticated {
                 message: format!("{message}; check the user name and password"),
