@@ -67,6 +67,24 @@ async fn leader_run_on_etcd() {
     run_twice(&format!("etcd://{}/{folder}/job", host_of(&ep.url)), &[]);
 }
 
+/// `etcds://` talks TLS; the test CA is trusted through `LEADER_ETCD_CA_FILE`.
+#[tokio::test]
+async fn leader_run_on_etcd_over_tls() {
+    let Some(_) = require(Emulator::Etcd).await else {
+        return;
+    };
+    let https = std::env::var("LEADER_ETCD_HTTPS_ENDPOINT").expect("scripts/emulators sets it");
+    let ca = std::env::var("LEADER_TEST_CA_FILE").expect("scripts/emulators sets it");
+    let folder = unique_name("cli");
+    common::run_twice_with(
+        &format!("etcds://{}/{folder}/job", host_of(&https)),
+        &[],
+        |c| {
+            c.env("LEADER_ETCD_CA_FILE", &ca);
+        },
+    );
+}
+
 #[tokio::test]
 async fn leader_run_on_zookeeper() {
     let Some(ep) = require(Emulator::ZooKeeper).await else {
