@@ -25,6 +25,15 @@ fn client(store: &leader_etcd::EtcdStore, key: &leader_core::LeaseKey, who: &str
     .unwrap()
 }
 
+/// The fence of `c`'s term `g`.
+fn fence_of(c: &LeaseClient, g: &leader_core::Grant) -> Fence {
+    Fence {
+        key: c.key().clone(),
+        holder: c.holder().clone(),
+        token: g.token,
+    }
+}
+
 async fn acquired(c: &mut LeaseClient) -> leader_core::Grant {
     match c.try_acquire().await.unwrap() {
         Acquisition::Acquired(g) => g,
@@ -145,11 +154,7 @@ async fn fenced_writes_need_the_live_lease_key() {
     let object = ObjectName::new("report").unwrap();
     let mut a = client(&store, &key, "a");
     let g = acquired(&mut a).await;
-    let fence = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: g.token,
-    };
+    let fence = fence_of(&a, &g);
     store.fenced_write(&fence, &object, b"one").await.unwrap();
     support::raw()
         .await
@@ -195,11 +200,7 @@ async fn a_released_term_cannot_write_fenced() {
     let object = ObjectName::new("report").unwrap();
     let mut a = client(&store, &key, "a");
     let g = acquired(&mut a).await;
-    let fence = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: g.token,
-    };
+    let fence = fence_of(&a, &g);
     store.fenced_write(&fence, &object, b"one").await.unwrap();
     assert!(a.release().await.unwrap());
     let released = store.read(&key).await.unwrap().unwrap();

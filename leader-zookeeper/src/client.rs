@@ -266,19 +266,20 @@ impl ZooKeeperStore {
         let data = req.record.to_json();
         let acl = lease_node_acl();
         let ephemeral = CreateMode::Ephemeral.with_acls(Acls::new(&acl));
+        // The new term's ephemeral node, created by its own session.
+        let create = || {
+            let request = Request::write("creating the lease node", path);
+            once(request, || async {
+                session
+                    .client
+                    .create(path, &data, &ephemeral)
+                    .await
+                    .map(|(stat, _)| Some(stat))
+                    .map_err(|e| (e, 0))
+            })
+        };
         let attempt = match expected {
-            None => {
-                let create = Request::write("creating the lease node", path);
-                once(create, || async {
-                    session
-                        .client
-                        .create(path, &data, &ephemeral)
-                        .await
-                        .map(|(stat, _)| Some(stat))
-                        .map_err(|e| (e, 0))
-                })
-                .await?
-            }
+            None => create().await?,
             Some((czxid, version)) => {
                 let Some(next) = version.checked_add(1) else {
                     return Ok(conflict(None));
@@ -317,16 +318,7 @@ impl ZooKeeperStore {
                             return self.acquire_failed(key, path, e, index, true).await;
                         }
                     }
-                    let create = Request::write("creating the lease node", path);
-                    once(create, || async {
-                        session
-                            .client
-                            .create(path, &data, &ephemeral)
-                            .await
-                            .map(|(stat, _)| Some(stat))
-                            .map_err(|e| (e, 0))
-                    })
-                    .await?
+                    create().await?
                 } else {
                     // A released record (or an ended term's node of another process, which
                     // its ACL protects: `setData` fails): replace it in one multi. The
