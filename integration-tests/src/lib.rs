@@ -37,8 +37,7 @@ pub const REQUIRED_VAR: &str = "LEADER_EMULATORS_REQUIRED";
 /// Set to `1` to let tests skip (pass without running) when an emulator is missing.
 pub const ALLOW_SKIP_VAR: &str = "LEADER_ALLOW_SKIP";
 
-/// The container images the `docker` feature starts; `docker/compose.yaml` pins the same ones
-/// (etcd and ZooKeeper: not there yet).
+/// The container images the `docker` feature starts; `docker/compose.yaml` pins the same ones.
 pub mod images {
     /// Azurite (blob service only).
     pub const AZURITE: (&str, &str) = ("mcr.microsoft.com/azure-storage/azurite", "3.35.0");

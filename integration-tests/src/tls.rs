@@ -1,8 +1,9 @@
 //! The HTTPS endpoints and fake identity endpoints that `scripts/emulators` starts, for the
 //! tests of the real-cloud paths (TLS, credential chains).
 //!
-//! `scripts/emulators` generates a throwaway test CA (`LEADER_TEST_CA_FILE`), serves moto and
-//! fake-gcs-server on a second, HTTPS port and a second Azurite over HTTPS with OAuth, and
+//! `scripts/emulators` generates a throwaway test CA (`LEADER_TEST_CA_FILE`), serves moto,
+//! fake-gcs-server and etcd on a second, HTTPS port, a second Azurite over HTTPS with OAuth and
+//! a second etcd with auth enabled, and
 //! starts `scripts/fake_identity.py`: a local *fake* of the identity endpoints (AWS instance
 //! metadata, Entra ID token endpoint, App Service managed identity, GCE metadata server, Google
 //! STS). The stores stay the real emulators. Nothing here sets `SSL_CERT_FILE` for the test
@@ -32,6 +33,12 @@ pub struct TlsSetup {
     pub identity_http: String,
     /// The fake identity endpoints over HTTPS (same state).
     pub identity_https: String,
+    /// etcd over HTTPS (same state as `LEADER_ETCD_ENDPOINT`).
+    pub etcd: String,
+    /// A second etcd with auth enabled: `http://127.0.0.1:PORT`.
+    pub etcd_auth: String,
+    /// The password of that etcd's `root` user (a throwaway credential of the test server).
+    pub etcd_root_password: String,
 }
 
 impl TlsSetup {
@@ -54,6 +61,9 @@ impl TlsSetup {
             gcs: var("LEADER_GCS_HTTPS_ENDPOINT")?,
             identity_http: var("LEADER_FAKE_IDENTITY_HTTP")?,
             identity_https: var("LEADER_FAKE_IDENTITY_HTTPS")?,
+            etcd: var("LEADER_ETCD_HTTPS_ENDPOINT")?,
+            etcd_auth: var("LEADER_ETCD_AUTH_ENDPOINT")?,
+            etcd_root_password: var("LEADER_ETCD_AUTH_ROOT_PASSWORD")?,
         })
     }
 

@@ -70,11 +70,10 @@ async fn leader_run_on_etcd() {
 /// `etcds://` talks TLS; the test CA is trusted through `LEADER_ETCD_CA_FILE`.
 #[tokio::test]
 async fn leader_run_on_etcd_over_tls() {
-    let Some(_) = require(Emulator::Etcd).await else {
+    let Some(tls) = integration_tests::tls::require_tls() else {
         return;
     };
-    let https = std::env::var("LEADER_ETCD_HTTPS_ENDPOINT").expect("scripts/emulators sets it");
-    let ca = std::env::var("LEADER_TEST_CA_FILE").expect("scripts/emulators sets it");
+    let (https, ca) = (tls.etcd, tls.ca_file);
     let folder = unique_name("cli");
     common::run_twice_with(
         &format!("etcds://{}/{folder}/job", host_of(&https)),

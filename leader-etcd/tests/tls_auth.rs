@@ -10,21 +10,18 @@ use leader_core::{Acquisition, ErrorKind, HolderId, LeaseBackend, LeaseClient};
 use leader_etcd::EtcdStore;
 use support::Prefix;
 
-/// The test etcd's HTTPS endpoint and the CA file that signed its certificate.
-fn https() -> (String, String) {
-    let var = |name: &str| {
-        std::env::var(name)
-            .unwrap_or_else(|_| panic!("{name} is not set: run under scripts/emulators"))
-    };
-    (
-        var("LEADER_ETCD_HTTPS_ENDPOINT"),
-        var("LEADER_TEST_CA_FILE"),
-    )
+/// The test etcd's HTTPS endpoint and the CA file that signed its certificate; `None` to skip
+/// outside `scripts/emulators` (Docker's `env.sh` has no HTTPS setup).
+fn https() -> Option<(String, String)> {
+    let tls = integration_tests::tls::require_tls()?;
+    Some((tls.etcd, tls.ca_file.display().to_string()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_over_https_with_a_private_ca() {
-    let (endpoint, ca) = https();
+    let Some((endpoint, ca)) = https() else {
+        return;
+    };
     let p = Prefix::new();
     let store = EtcdStore::builder()
         .with_endpoint(&endpoint)
@@ -50,7 +47,9 @@ async fn an_election_over_https_with_a_private_ca() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_certificate_is_a_configuration_error_that_names_the_fix() {
-    let (endpoint, _) = https();
+    let Some((endpoint, _)) = https() else {
+        return;
+    };
     let err = EtcdStore::builder()
         .with_endpoint(&endpoint)
         .with_connect_timeout(std::time::Duration::from_secs(2))
@@ -67,7 +66,9 @@ async fn an_untrusted_certificate_is_a_configuration_error_that_names_the_fix() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_ca_file_is_a_configuration_error() {
-    let (endpoint, _) = https();
+    let Some((endpoint, _)) = https() else {
+        return;
+    };
     let err = EtcdStore::builder()
         .with_endpoint(&endpoint)
         .with_ca_file("/nonexistent/ca.pem")
@@ -78,16 +79,13 @@ async fn a_missing_ca_file_is_a_configuration_error() {
     assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
 }
 
-/// The auth-enabled test server, with a user `leader-runner` whose role may read and write
+/// The auth-enabled test server (`None` to skip, as [`https`]), with a user `leader-runner` whose role may read and write
 /// under `allowed/`, and a user `outsider` with no role (created once; later calls find them).
-async fn auth_server() -> String {
+async fn auth_server() -> Option<String> {
     use integration_tests::etcd::{EtcdRaw, b64};
-    let var = |name: &str| {
-        std::env::var(name)
-            .unwrap_or_else(|_| panic!("{name} is not set: run under scripts/emulators"))
-    };
-    let endpoint = var("LEADER_ETCD_AUTH_ENDPOINT");
-    let root = EtcdRaw::authenticated(&endpoint, "root", &var("LEADER_ETCD_AUTH_ROOT_PASSWORD"))
+    let tls = integration_tests::tls::require_tls()?;
+    let endpoint = tls.etcd_auth;
+    let root = EtcdRaw::authenticated(&endpoint, "root", &tls.etcd_root_password)
         .await
         .unwrap();
     let steps = [
@@ -118,12 +116,14 @@ async fn auth_server() -> String {
             );
         }
     }
-    endpoint
+    Some(endpoint)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_with_readwrite_on_the_prefix_can_lead() {
-    let endpoint = auth_server().await;
+    let Some(endpoint) = auth_server().await else {
+        return;
+    };
     let prefix = format!("allowed/{}/", integration_tests::unique_name("auth"));
     let store = EtcdStore::builder()
         .with_endpoint(&endpoint)
@@ -162,7 +162,9 @@ async fn a_user_with_readwrite_on_the_prefix_can_lead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_or_missing_credentials_and_missing_permissions_are_clear_errors() {
-    let endpoint = auth_server().await;
+    let Some(endpoint) = auth_server().await else {
+        return;
+    };
     let build = |user: Option<(&str, &str)>, prefix: &str| {
         let mut b = EtcdStore::builder()
             .with_endpoint(&endpoint)
