@@ -146,10 +146,15 @@ impl<S: Stub + 'static> GcsStore<S> {
     /// Reads an object's body and generation; `None` if it does not exist. Throttling and
     /// transient failures are retried within the request timeout.
     async fn get(&self, object: &str) -> Result<Option<(Vec<u8>, i64)>, Error> {
-        Ok(match self.get_unless(object, None).await? {
-            Found::Object(body, generation) => Some((body, generation)),
-            Found::Absent | Found::Unchanged => None,
-        })
+        match self.get_unless(object, None).await? {
+            Found::Object(body, generation) => Ok(Some((body, generation))),
+            Found::Absent => Ok(None),
+            // Only a read with a generation to compare can be answered "unchanged".
+            Found::Unchanged => Err(Error::backend(
+                format!("GCS answered 'not modified' to an unconditional read of {object}"),
+                "a 304 without ifGenerationNotMatch",
+            )),
+        }
     }
 
     /// Reads an object unless its generation is still `unless`; throttling and transient
