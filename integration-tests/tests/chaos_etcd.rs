@@ -30,20 +30,3 @@ async fn stall() {
 async fn term() {
     chaos_support::drill(BackendKind::Etcd, Scenario::Term).await;
 }
-
-/// Request-level faults need an HTTP proxy: not drills for this backend.
-#[test]
-fn only_byte_level_faults_apply() {
-    for s in [Scenario::Throttle, Scenario::Lossy, Scenario::Late] {
-        assert!(!s.applies_to(BackendKind::Etcd), "{s:?}");
-    }
-    for s in [
-        Scenario::Kill,
-        Scenario::Stop,
-        Scenario::Partition,
-        Scenario::Stall,
-        Scenario::Term,
-    ] {
-        assert!(s.applies_to(BackendKind::Etcd), "{s:?}");
-    }
-}

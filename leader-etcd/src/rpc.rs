@@ -100,6 +100,23 @@ impl Rpc {
         }
     }
 
+    /// `result`, after forgetting a token that etcd refused.
+    fn noted<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
+        if let Err(status) = &result {
+            self.on_error(status);
+        }
+        result
+    }
+
+    /// The client, once the channel has a connection to send on.
+    async fn connected(&self) -> Result<Grpc<Channel>, Status> {
+        let mut grpc = self.grpc.clone();
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
+        Ok(grpc)
+    }
+
     async fn call<Req, Resp>(
         &self,
         path: &'static str,
@@ -109,24 +126,39 @@ impl Rpc {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = self.grpc.clone();
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
-        let answer = grpc
+        let answer = self
+            .connected()
+            .await?
             .unary(
                 request,
                 PathAndQuery::from_static(path),
                 ProstCodec::default(),
             )
             .await;
-        match answer {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) => {
-                self.on_error(&status);
-                Err(status)
-            }
-        }
+        self.noted(answer.map(tonic::Response::into_inner))
+    }
+
+    /// Opens a bidirectional stream on `path` with `request`'s messages.
+    async fn open<S, Req, Resp>(
+        &self,
+        path: &'static str,
+        request: Request<S>,
+    ) -> Result<Streaming<Resp>, Status>
+    where
+        S: tokio_stream::Stream<Item = Req> + Send + 'static,
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let answer = self
+            .connected()
+            .await?
+            .streaming(
+                request,
+                PathAndQuery::from_static(path),
+                ProstCodec::default(),
+            )
+            .await;
+        self.noted(answer.map(tonic::Response::into_inner))
     }
 
     async fn unary<Req, Resp>(
@@ -214,33 +246,13 @@ impl Rpc {
         let request = self
             .request(tokio_stream::once(wire::LeaseKeepAliveRequest { id }), left)
             .await?;
-        let mut grpc = self.grpc.clone();
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
-        let answer = grpc
-            .streaming(
-                request,
-                PathAndQuery::from_static(LEASE_KEEP_ALIVE),
-                ProstCodec::default(),
-            )
-            .await;
-        let mut stream: Streaming<wire::LeaseKeepAliveResponse> = match answer {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                self.on_error(&status);
-                return Err(status);
-            }
-        };
-        match stream.message().await {
-            Ok(Some(answer)) => Ok(answer.ttl),
-            Ok(None) => Err(Status::unknown(
+        let mut stream: Streaming<wire::LeaseKeepAliveResponse> =
+            self.open(LEASE_KEEP_ALIVE, request).await?;
+        match self.noted(stream.message().await)? {
+            Some(answer) => Ok(answer.ttl),
+            None => Err(Status::unknown(
                 "etcd closed the keep-alive stream without an answer",
             )),
-            Err(status) => {
-                self.on_error(&status);
-                Err(status)
-            }
         }
     }
 
@@ -260,23 +272,6 @@ impl Rpc {
         let mut request = self.request(requests, connect).await?;
         // The watch itself has no deadline; only the token lookup above had one.
         request.metadata_mut().remove("grpc-timeout");
-        let mut grpc = self.grpc.clone();
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("error trying to connect: {e}")))?;
-        match grpc
-            .streaming(
-                request,
-                PathAndQuery::from_static(WATCH),
-                ProstCodec::default(),
-            )
-            .await
-        {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) => {
-                self.on_error(&status);
-                Err(status)
-            }
-        }
+        self.open(WATCH, request).await
     }
 }

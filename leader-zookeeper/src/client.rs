@@ -25,8 +25,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use zookeeper_client::{
-    Acls, AddWatchMode, Client, CreateMode, Error as ZkError, EventType, MultiWriteError,
-    MultiWriteResult, Stat,
+    Acls, AddWatchMode, Client, CreateMode, CreateOptions, Error as ZkError, EventType,
+    MultiWriteError, MultiWriteResult, Stat,
 };
 
 use crate::builder::ZooKeeperBuilder;
@@ -299,13 +299,8 @@ impl ZooKeeperStore {
                     // Our own earlier term's node: only its session may write it. It deletes
                     // it, then the new session creates the new term's node.
                     let delete = Request::write("deleting our earlier term's lease node", path);
-                    match once(delete, || async {
-                        let mut multi = old.client.new_multi_writer();
-                        multi
-                            .add_set_data(path, &[], Some(version))
-                            .map_err(|e| (e, 0))?;
-                        multi.add_delete(path, Some(next)).map_err(|e| (e, 1))?;
-                        multi.commit().await.map(|_| None).map_err(multi_failure)
+                    match once(delete, || {
+                        replace_node(&old.client, path, &[], version, next, None)
                     })
                     .await?
                     {
@@ -329,20 +324,15 @@ impl ZooKeeperStore {
                         return Ok(conflict(self.current(key, path).await));
                     }
                     let replace = Request::write("replacing the lease record", path);
-                    once(replace, || async {
-                        let mut multi = session.client.new_multi_writer();
-                        multi
-                            .add_set_data(path, &data, Some(version))
-                            .map_err(|e| (e, 0))?;
-                        multi.add_delete(path, Some(next)).map_err(|e| (e, 1))?;
-                        multi
-                            .add_create(path, &data, &ephemeral)
-                            .map_err(|e| (e, 2))?;
-                        multi
-                            .commit()
-                            .await
-                            .map(|results| created_stat(&results, 2))
-                            .map_err(multi_failure)
+                    once(replace, || {
+                        replace_node(
+                            &session.client,
+                            path,
+                            &data,
+                            version,
+                            next,
+                            Some(&ephemeral),
+                        )
                     })
                     .await?
                 }
@@ -545,21 +535,9 @@ impl ZooKeeperStore {
         };
         let data = req.record.to_json();
         let request = Request::write("releasing the lease node", path);
-        let attempt = once(request, || async {
-            let mut multi = session.client.new_multi_writer();
-            multi
-                .add_set_data(path, &data, Some(version))
-                .map_err(|e| (e, 0))?;
-            multi.add_delete(path, Some(next)).map_err(|e| (e, 1))?;
-            let released = CreateMode::Persistent.with_acls(Acls::anyone_all());
-            multi
-                .add_create(path, &data, &released)
-                .map_err(|e| (e, 2))?;
-            multi
-                .commit()
-                .await
-                .map(|results| created_stat(&results, 2))
-                .map_err(multi_failure)
+        let released = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let attempt = once(request, || {
+            replace_node(&session.client, path, &data, version, next, Some(&released))
         })
         .await;
         match attempt {
@@ -685,6 +663,36 @@ fn created_stat(results: &[MultiWriteResult], index: usize) -> Option<Stat> {
         Some(MultiWriteResult::Create { stat, .. }) => Some(*stat),
         _ => None,
     }
+}
+
+/// Deletes the node at `path` at `version` (`next` is `version + 1`) in one multi through
+/// `client`, and with `create` creates it again with `data`; returns the created node's stat.
+///
+/// The multi starts with a `setData` of `data` at `version`: a lease node's ACL lets only the
+/// session that created it write, so this also proves that the node is the one `client` may
+/// end, which a version alone cannot (versions restart when a node is recreated). A failure
+/// is the error and the index of the operation that failed.
+pub(crate) async fn replace_node(
+    client: &Client,
+    path: &str,
+    data: &[u8],
+    version: i32,
+    next: i32,
+    create: Option<&CreateOptions<'_>>,
+) -> Result<Option<Stat>, (ZkError, usize)> {
+    let mut multi = client.new_multi_writer();
+    multi
+        .add_set_data(path, data, Some(version))
+        .map_err(|e| (e, 0))?;
+    multi.add_delete(path, Some(next)).map_err(|e| (e, 1))?;
+    if let Some(options) = create {
+        multi.add_create(path, data, options).map_err(|e| (e, 2))?;
+    }
+    multi
+        .commit()
+        .await
+        .map(|results| created_stat(&results, 2))
+        .map_err(multi_failure)
 }
 
 /// A failed multi: the error and the failed operation's index (0 if the request failed).

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use zookeeper_client::{Acl, AuthId, Client, Error as ZkError, Permission};
 
+use crate::client::replace_node;
 use crate::session::connect;
 
 /// How long ending a term's session may take (deleting its node), when no caller waits.
@@ -327,10 +328,9 @@ pub(crate) async fn end_session(client: &Client, path: &str, deadline: Instant) 
         let Some(next) = stat.version.checked_add(1) else {
             return Ok(false);
         };
-        let mut multi = client.new_multi_writer();
-        multi.add_set_data(path, &[], Some(stat.version))?;
-        multi.add_delete(path, Some(next))?;
-        multi.commit().await.map_err(ZkError::from)?;
+        replace_node(client, path, &[], stat.version, next, None)
+            .await
+            .map_err(|(e, _)| e)?;
         Ok::<bool, ZkError>(true)
     };
     match tokio::time::timeout_at(deadline, work).await {

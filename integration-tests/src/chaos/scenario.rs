@@ -92,3 +92,26 @@ impl Scenario {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Request-level faults need an HTTP proxy; the file store has no proxy at all.
+    #[test]
+    fn each_backend_gets_the_faults_its_proxy_can_make() {
+        for kind in BackendKind::ALL {
+            for s in Scenario::ALL {
+                let expected = match s {
+                    Scenario::Kill | Scenario::Stop | Scenario::Term => true,
+                    Scenario::Partition | Scenario::Stall => kind != BackendKind::File,
+                    Scenario::Throttle | Scenario::Lossy | Scenario::Late => matches!(
+                        kind,
+                        BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+                    ),
+                };
+                assert_eq!(s.applies_to(kind), expected, "{s:?} on {kind:?}");
+            }
+        }
+    }
+}
