@@ -190,12 +190,13 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// The filter without `LEADER_LOG`: our own lines at INFO; the SDKs only when something is
 /// wrong. Their retries and fallbacks are ours to report, once, with the store and the
 /// operation: the AWS credential chain warns (multi-line) for every provider it tries,
-/// azure_core logs each transport failure at INFO, and the certificate verifier logs at ERROR
-/// what our error message says too.
+/// azure_core logs each transport failure at INFO, zookeeper_client each session it opens (one
+/// per term) at INFO, and the certificate verifier logs at ERROR what our error message says
+/// too.
 const DEFAULT_LOG: &str = "info,aws_config=error,aws_runtime=error,aws_smithy_runtime=error,\
 aws_smithy_http_client=error,typespec_client_core=warn,azure_core=warn,azure_identity=warn,\
 google_cloud_auth=warn,google_cloud_gax_internal=warn,google_cloud_storage=warn,\
-rustls_platform_verifier=off";
+zookeeper_client=warn,rustls_platform_verifier=off";
 
 pub(crate) fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
