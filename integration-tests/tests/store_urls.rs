@@ -38,11 +38,7 @@ async fn lead_and_write(url: &str, endpoint: &str) -> u64 {
         leader_core::Acquisition::Acquired(grant) => grant,
         other => panic!("a fresh key must be free, got {other:?}"),
     };
-    let fence = leader_core::Fence {
-        key,
-        holder: client.holder().clone(),
-        token: grant.token,
-    };
+    let fence = leader_core::Fence::new(key, client.holder().clone(), grant.token);
     store
         .fenced_write(&fence, &ObjectName::new("report").unwrap(), b"done")
         .await

@@ -388,10 +388,12 @@ async fn fenced_objects_keep_the_highest_token_even_for_empty_values() {
     let store = h.azure().await;
     let key = h.unique_key();
     let object = ObjectName::new(format!("{key}-obj")).unwrap();
-    let fence = |token| Fence {
-        key: key.clone(),
-        holder: HolderId::new("w").unwrap(),
-        token: FencingToken(token),
+    let fence = |token| {
+        Fence::new(
+            key.clone(),
+            HolderId::new("w").unwrap(),
+            FencingToken(token),
+        )
     };
     assert!(store.fenced_read(&object).await.unwrap().is_none());
     let first = store.fenced_write(&fence(3), &object, b"").await.unwrap();

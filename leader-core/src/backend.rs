@@ -369,15 +369,44 @@ impl fmt::Debug for Changes {
     }
 }
 
-/// The credentials of a fenced write: the lease, its holder and the holder's token.
+/// The credentials of a fenced write: the lease, its holder, and the token the write stores as
+/// the object's fence.
+///
+/// Usually the token is the lease term's own ([`Fence::new`]). A shard term writes the shard's
+/// token while the lease that must still be live is the instance's membership: then
+/// [`lease_term`](Self::lease_term) holds the membership term's token, and a store that also
+/// checks the lease ([`FencedCas`], item 3) checks it against that token, not `token`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fence {
     /// The lease key of the term.
     pub key: LeaseKey,
     /// The holder of the term.
     pub holder: HolderId,
-    /// The term's fencing token.
+    /// The token written as the object's fence, and compared with the fence it has.
     pub token: FencingToken,
+    /// The token of the lease term at `key` that must still be live, when it differs from
+    /// `token` (a shard term: the lease is the instance's membership, `token` the shard's).
+    /// `None`: the lease's term token is `token`.
+    pub lease_term: Option<FencingToken>,
+}
+
+impl Fence {
+    /// The fence of the term of `key` held by `holder` with `token`: the lease's term token and
+    /// the written token are the same.
+    pub fn new(key: LeaseKey, holder: HolderId, token: FencingToken) -> Self {
+        Self {
+            key,
+            holder,
+            token,
+            lease_term: None,
+        }
+    }
+
+    /// The token of the lease term that must still be live: [`lease_term`](Self::lease_term),
+    /// else [`token`](Self::token).
+    pub fn lease_token(&self) -> FencingToken {
+        self.lease_term.unwrap_or(self.token)
+    }
 }
 
 /// A protected object as stored.
@@ -406,9 +435,10 @@ pub trait FencedStore: Send + Sync + fmt::Debug {
     /// Writes `value` to `object` if `fence` is not stale.
     ///
     /// # Errors
-    /// [`Error::Fenced`] if a higher token has written the object (or, on DynamoDB, if the lease
-    /// no longer has this holder and token); [`Error::MalformedRecord`] if the object was not
-    /// written by a fenced write; [`Error::Unavailable`] if the object kept changing under
+    /// [`Error::Fenced`] if a higher token has written the object (or, on a store that checks
+    /// the lease, if the lease's live term is no longer the fence's
+    /// [lease token](Fence::lease_token) and holder); [`Error::MalformedRecord`] if the object
+    /// was not written by a fenced write; [`Error::Unavailable`] if the object kept changing under
     /// the write; any other [`Error`] for a store failure (an [`Error::Indeterminate`] write
     /// may have been applied).
     ///
@@ -508,8 +538,12 @@ pub enum ObjectWrite {
 ///    condition is [`ObjectWrite::Conflict`] and writes nothing; an unknown outcome is
 ///    [`Error::Indeterminate`]; any other error promises that nothing was written. Never
 ///    retry it blindly: a late retry must still carry its condition.
-/// 3. It may check more in the same atomic write (DynamoDB also checks that the lease still
-///    has this holder and token) and refuse with [`Error::Fenced`].
+/// 3. It may check more in the same atomic write (DynamoDB, etcd and ZooKeeper also check that
+///    the lease at the fence's key is still the live term of its
+///    [lease token](Fence::lease_token), DynamoDB with this holder) and refuse with
+///    [`Error::Fenced`]. Such a check uses the lease token, never `token` itself: the two differ
+///    for a shard term. Its [`Error::Fenced::highest`] names only a token of the object's own
+///    series: a newer term's token when `lease_term` is `None`, else `None`.
 ///
 /// The fencing rule itself (refuse a token below the object's fence, re-read on a conflict)
 /// is the core's, in the [`FencedStore`] implementation every `FencedCas` gets.
@@ -656,11 +690,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fenced_write_ends_by_one_deadline_even_outside_within() {
-        let fence = Fence {
-            key: LeaseKey::new("k").unwrap(),
-            holder: HolderId::new("a").unwrap(),
-            token: FencingToken(1),
-        };
+        let fence = Fence::new(
+            LeaseKey::new("k").unwrap(),
+            HolderId::new("a").unwrap(),
+            FencingToken(1),
+        );
         let object = ObjectName::new("o").unwrap();
         let started = tokio::time::Instant::now();
         let write = Hangs.fenced_write(&fence, &object, b"v");

@@ -165,11 +165,7 @@ async fn acquire(c: &mut LeaseClient, case: &'static str, who: &str) -> Result<G
 
 /// The fence of `c`'s term `g`.
 fn fence_of(c: &LeaseClient, g: &Grant) -> Fence {
-    Fence {
-        key: c.key().clone(),
-        holder: c.holder().clone(),
-        token: g.token,
-    }
+    Fence::new(c.key().clone(), c.holder().clone(), g.token)
 }
 
 fn record(holder: &str, token: u64, ttl: Duration) -> Result<LeaseRecord, Failure> {
@@ -828,6 +824,93 @@ pub async fn fenced_put_needs_the_revision_it_read<H: Harness + ?Sized>(
     Ok(())
 }
 
+/// A fence whose lease term differs from the token it writes (a shard term: the lease is the
+/// instance's membership, the token the shard's): while the lease term is live, a fenced
+/// write stores the fence's token, not the lease's, and a lower token with the same lease term
+/// is refused by the object's fence.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn fence_with_a_separate_lease_term<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "fence_with_a_separate_lease_term";
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-object")).ctx(CASE, "object name")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let mut a = client(h, CASE, &key, "a").await?;
+    let g = acquire(&mut a, CASE, "a").await?;
+    let shard = Fence {
+        token: FencingToken(g.token.get() + 1000),
+        lease_term: Some(g.token),
+        ..fence_of(&a, &g)
+    };
+    ensure!(
+        shard.lease_token() == g.token,
+        CASE,
+        "the lease token must be the lease term's"
+    );
+    let written = store
+        .fenced_write(&shard, &object, b"shard")
+        .await
+        .ctx(CASE, "the shard term's fenced write")?;
+    ensure!(
+        written.fence == shard.token,
+        CASE,
+        "the write must report the shard's token {} as the fence, reported {}",
+        shard.token,
+        written.fence
+    );
+    let lower = Fence {
+        token: FencingToken(g.token.get() + 999),
+        ..shard.clone()
+    };
+    match store.fenced_write(&lower, &object, b"lower").await {
+        Err(Error::Fenced {
+            presented, highest, ..
+        }) => {
+            ensure!(
+                presented == lower.token,
+                CASE,
+                "the rejection must name the token presented, {}, named {presented}",
+                lower.token
+            );
+            ensure!(
+                highest == Some(shard.token),
+                CASE,
+                "the rejection must name the object's fence {}, named {highest:?}",
+                shard.token
+            );
+        }
+        other => {
+            return Err(fail(
+                CASE,
+                format!("a token below the object's fence must be fenced off, got {other:?}"),
+            ));
+        }
+    }
+    let now = store
+        .fenced_read(&object)
+        .await
+        .ctx(CASE, "read object")?
+        .ok_or_else(|| fail(CASE, "object missing"))?;
+    ensure!(
+        now.value == b"shard" && now.fence == shard.token,
+        CASE,
+        "the object must hold the shard term's write with its token {}, has fence {}",
+        shard.token,
+        now.fence
+    );
+    store
+        .fenced_write(&shard, &object, b"shard again")
+        .await
+        .ctx(CASE, "the shard term's second fenced write")?;
+    ensure!(
+        a.release().await.ctx(CASE, "release")?,
+        CASE,
+        "release failed"
+    );
+    Ok(())
+}
+
 /// The record deleted in the middle of a term (an operator's usual recovery): the next term,
 /// taken by a candidate that never saw the record, still gets a token above every earlier
 /// one, a protected resource accepts the new leader and rejects the deposed one; and again
@@ -1092,8 +1175,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($then)*;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, fenced_put_needs_the_revision_it_read,
-            malformed_record_is_reported_and_kept, read_if_changed_follows_writes,
-            token_survives_deletion, takeover_only_after_full_ttl, stale_renew_is_conflict);
+            fence_with_a_separate_lease_term, malformed_record_is_reported_and_kept,
+            read_if_changed_follows_writes, token_survives_deletion, takeover_only_after_full_ttl,
+            stale_renew_is_conflict);
     };
     (@run $h:ident; $($case:ident),* $(,)?) => {
         $( $crate::conformance::$case($h).await?; )*

@@ -92,7 +92,7 @@ impl From<&Error> for Problem {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the elector has stopped{}", .problem.as_ref().map(|p| format!(": {}", p.message)).unwrap_or_default())]
 pub struct Stopped {
-    problem: Option<Problem>,
+    pub(crate) problem: Option<Problem>,
 }
 
 impl Stopped {
@@ -336,14 +336,14 @@ struct TermShared {
 /// A term's deadline as the lease client computed it (tokio's clock), with the anchor taken
 /// before the write it comes from, so that a host suspend since then moves it earlier.
 #[derive(Clone, Copy, Debug)]
-struct TermDeadline {
-    at: Instant,
-    anchor: Anchor,
+pub(crate) struct TermDeadline {
+    pub(crate) at: Instant,
+    pub(crate) anchor: Anchor,
 }
 
 impl TermDeadline {
     /// The deadline, earlier by however long the host has been suspended since the write.
-    fn effective(&self) -> Instant {
+    pub(crate) fn effective(&self) -> Instant {
         self.at
             .checked_sub(self.anchor.suspended())
             .unwrap_or(self.at)
@@ -354,7 +354,7 @@ impl TermDeadline {
 /// Completes when the term is cancelled, or its deadline passes on the local clock (checked
 /// at least every `tick`, so that a suspend is noticed), whichever is first; then the term is
 /// cancelled. Needs nothing from the elector's task.
-async fn term_over(
+pub(crate) async fn term_over(
     cancel: &CancellationToken,
     deadline: &watch::Receiver<TermDeadline>,
     tick: Duration,
@@ -487,6 +487,7 @@ impl ElectorHandle {
                                     key: self.shared.key.clone(),
                                     holder: self.shared.holder.clone(),
                                     token,
+                                    lease_term: None,
                                 },
                                 cancel: t.cancel.clone(),
                                 deadline: t.deadline.clone(),
@@ -654,7 +655,7 @@ impl Drop for TaskGuard {
 /// Whether `e` ends a campaign: an error that retrying cannot fix (a missing container,
 /// rejected credentials, permission denied, bad configuration). A malformed record is not one:
 /// the campaign waits for an operator to repair or delete it.
-fn is_permanent(e: &Error) -> bool {
+pub(crate) fn is_permanent(e: &Error) -> bool {
     !e.is_retryable() && e.kind() != ErrorKind::MalformedRecord
 }
 

@@ -38,11 +38,7 @@ async fn acquire(store: &FileStore, who: &str) -> Result<FencingToken, Error> {
 /// A file outside the store that a planted link points at.
 /// The fence of holder "a"'s term with `token`.
 fn fence_of_a(token: FencingToken) -> Fence {
-    Fence {
-        key: key(),
-        holder: HolderId::new("a").unwrap(),
-        token,
-    }
+    Fence::new(key(), HolderId::new("a").unwrap(), token)
 }
 
 fn victim(dir: &Path) -> PathBuf {

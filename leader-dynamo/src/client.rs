@@ -494,8 +494,9 @@ impl DynamoStore {
     }
 
     /// The conditional write of a protected object: one `TransactWriteItems` of a
-    /// `ConditionCheck` that the lease still has the fence's holder and token (item 0) and the
-    /// object's update on condition that it is as `expected` (item 1).
+    /// `ConditionCheck` that the lease still has the fence's holder and lease token (item 0) and
+    /// the object's update, with the fence's token, on condition that it is as `expected`
+    /// (item 1).
     async fn transact_fenced(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
         let FencedPut {
             fence,
@@ -508,6 +509,7 @@ impl DynamoStore {
             Error::backend("building the fenced transaction", e)
         };
         let token = num(fence.token.get());
+        let lease_token = num(fence.lease_token().get());
         let (lease_pk, object_pk) = (
             self.pk(LEASE_PREFIX, fence.key.as_str()),
             self.pk(OBJECT_PREFIX, object.as_str()),
@@ -515,7 +517,7 @@ impl DynamoStore {
         let check = ConditionCheck::builder()
             .table_name(&self.ctx.table)
             .key(lease_pk.0, lease_pk.1)
-            .condition_expression("#holder = :holder AND #token = :token AND #state = :held")
+            .condition_expression("#holder = :holder AND #token = :term AND #state = :held")
             .set_expression_attribute_names(Some(names(&[
                 ("#holder", attr::HOLDER),
                 ("#token", attr::TOKEN),
@@ -526,7 +528,7 @@ impl DynamoStore {
                     ":holder".to_owned(),
                     AttributeValue::S(fence.holder.as_str().to_owned()),
                 ),
-                (":token".to_owned(), token.clone()),
+                (":term".to_owned(), lease_token),
                 (":held".to_owned(), AttributeValue::S(HELD.to_owned())),
             ])))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -578,15 +580,17 @@ impl DynamoStore {
                 .await?
             {
                 Ok(()) => ObjectWrite::Written(Revision::new(object_rev)),
-                // The lease is no longer this holder's term.
+                // The lease is no longer this holder's term. Its newer token is one of the
+                // object's series only when the fence has no separate lease term.
                 Err(ConditionFailed { item: 0, returned }) => {
-                    let lease_token = returned
+                    let newer = returned
                         .and_then(|item| parse_lease(fence.key.as_str(), &item).ok())
-                        .map(|stored| stored.record.token);
+                        .map(|stored| stored.record.token)
+                        .filter(|t| fence.lease_term.is_none() && *t > fence.token);
                     return Err(Error::Fenced {
                         object: object.to_string(),
                         presented: fence.token,
-                        highest: lease_token.filter(|t| *t > fence.token),
+                        highest: newer,
                     });
                 }
                 Err(ConditionFailed { .. }) => ObjectWrite::Conflict,

@@ -71,11 +71,7 @@ async fn fenced_transaction_rejects_a_deposed_leader() {
     );
     let mut a = client(&backend, &key, "a");
     let g1 = acquire(&mut a).await;
-    let fence_a = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: g1.token,
-    };
+    let fence_a = Fence::new(key.clone(), a.holder().clone(), g1.token);
     let written = store.fenced_write(&fence_a, &orders, b"v1").await.unwrap();
     assert_eq!(written.fence, g1.token);
     assert_eq!(
@@ -117,11 +113,11 @@ async fn fenced_transaction_rejects_a_deposed_leader() {
     assert!(store.fenced_read(&fresh).await.unwrap().is_none());
 
     // b writes with its token; a's token is then also below the object's fence.
-    let fence_b = Fence {
-        key: key.clone(),
-        holder: HolderId::new("b").unwrap(),
-        token: FencingToken(g1.token.get() + 1),
-    };
+    let fence_b = Fence::new(
+        key.clone(),
+        HolderId::new("b").unwrap(),
+        FencingToken(g1.token.get() + 1),
+    );
     store.fenced_write(&fence_b, &orders, b"v2").await.unwrap();
     match store.fenced_write(&fence_a, &orders, b"late").await {
         Err(Error::Fenced { highest, .. }) => assert_eq!(highest, Some(fence_b.token)),
@@ -136,6 +132,72 @@ async fn fenced_transaction_rejects_a_deposed_leader() {
         store.fenced_write(&impostor, &orders, b"x").await,
         Err(Error::Fenced { .. })
     ));
+}
+
+/// A shard term's fence: the lease checked is the membership term (`lease_term`), the token
+/// written is the shard's. It writes while that term is live, with the shard's token as the
+/// object's fence; once the term has ended (released, then a newer term), the same lease term
+/// is refused although its token is above the object's fence, and a refusal by the lease never
+/// reports the membership's token as the object's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_with_a_separate_lease_term_needs_that_term_live() {
+    let store = Arc::new(store_at(&moto_url().await, &table()).await);
+    let backend: Arc<dyn LeaseBackend> = store.clone();
+    let key = LeaseKey::new("member.a").unwrap();
+    let object = ObjectName::new("shard-report").unwrap();
+    let mut a = client(&backend, &key, "a");
+    let g = acquire(&mut a).await;
+    let member = Fence::new(key.clone(), a.holder().clone(), g.token);
+    let shard = |token: u64| Fence {
+        token: FencingToken(token),
+        lease_term: Some(member.token),
+        ..member.clone()
+    };
+    let s = g.token.get() + 1000;
+    let written = store
+        .fenced_write(&shard(s), &object, b"one")
+        .await
+        .unwrap();
+    assert_eq!(written.fence, FencingToken(s));
+
+    assert!(a.release().await.unwrap());
+    let err = store
+        .fenced_write(&shard(s + 1), &object, b"after release")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Fenced { presented, highest: None, .. } if presented.get() == s + 1),
+        "{err}"
+    );
+
+    let mut b = client(&backend, &key, "b");
+    let g2 = acquire(&mut b).await;
+    assert!(g2.token > g.token);
+    let err = store
+        .fenced_write(&shard(s + 2), &object, b"after a newer term")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { highest: None, .. }), "{err}");
+    // A shard token below the newer membership token, on an object it may write: refused by
+    // the lease, and the membership token is not reported as the object's fence.
+    let fresh = ObjectName::new("shard-fresh").unwrap();
+    let err = store
+        .fenced_write(&shard(1), &fresh, b"x")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { highest: None, .. }), "{err}");
+    assert!(store.fenced_read(&fresh).await.unwrap().is_none());
+    let kept = store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!((kept.fence, kept.value), (FencingToken(s), b"one".to_vec()));
+
+    // The newer membership term's fence writes with a shard token above the object's fence.
+    let newer = Fence {
+        token: FencingToken(s + 3),
+        lease_term: Some(g2.token),
+        ..Fence::new(key.clone(), b.holder().clone(), g2.token)
+    };
+    let written = store.fenced_write(&newer, &object, b"two").await.unwrap();
+    assert_eq!(written.fence, newer.token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -455,7 +455,9 @@ impl FencedCas for EtcdStore {
         let lease_key = self.lease_key(&put.fence.key);
         let object_key = self.object_key(put.object);
         let (l, o) = (lease_key.as_bytes(), object_key.as_bytes());
-        let token = i64::try_from(put.fence.token.0).unwrap_or(i64::MAX);
+        // The lease is checked against its own term's token (a shard term's fence writes
+        // the shard's token, but its lease is the instance's membership).
+        let term = i64::try_from(put.fence.lease_token().0).unwrap_or(i64::MAX);
         let object_as_read = match put.expected {
             Expected::Absent => Compare::created_at(o, 0),
             Expected::Revision(r) => Compare::modified_at(o, mod_revision(r)?),
@@ -465,7 +467,7 @@ impl FencedCas for EtcdStore {
         // release detaches it.
         let txn = TxnRequest {
             compare: vec![
-                Compare::created_at(l, token),
+                Compare::created_at(l, term),
                 Compare::leased(l),
                 object_as_read,
             ],
@@ -483,16 +485,24 @@ impl FencedCas for EtcdStore {
             )));
         }
         let lease_kv = answer.range(0);
-        let lease_token = lease_kv.map(|kv| kv.create_revision);
-        if lease_token != Some(token) || lease_kv.is_some_and(|kv| kv.lease == 0) {
-            warn!(object = %put.object, token = %put.fence.token, "fenced write refused: the term's lease has ended");
+        let found = lease_kv.map(|kv| kv.create_revision);
+        if found != Some(term) || lease_kv.is_some_and(|kv| kv.lease == 0) {
+            warn!(
+                object = %put.object,
+                token = %put.fence.token,
+                lease_token = %put.fence.lease_token(),
+                "fenced write refused: the term's lease has ended"
+            );
+            // A newer term's token is one of the object's series only when the fence has no
+            // separate lease term.
+            let newer = found
+                .and_then(|t| u64::try_from(t).ok())
+                .map(FencingToken)
+                .filter(|t| put.fence.lease_term.is_none() && *t > put.fence.token);
             return Err(Error::Fenced {
                 object: put.object.to_string(),
                 presented: put.fence.token,
-                highest: lease_token
-                    .and_then(|t| u64::try_from(t).ok())
-                    .filter(|t| *t > put.fence.token.0)
-                    .map(FencingToken),
+                highest: newer,
             });
         }
         Ok(ObjectWrite::Conflict)

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use leader_core::backend::Fence;
 use leader_core::{
-    Acquisition, Error, FencedStore, HolderId, LeaseBackend, LeaseClient, ObjectName, Renewal,
+    Acquisition, Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseClient, ObjectName,
+    Renewal,
 };
 use support::Prefix;
 use tokio::time::{Instant, timeout};
@@ -27,11 +28,7 @@ fn client(store: &leader_etcd::EtcdStore, key: &leader_core::LeaseKey, who: &str
 
 /// The fence of `c`'s term `g`.
 fn fence_of(c: &LeaseClient, g: &leader_core::Grant) -> Fence {
-    Fence {
-        key: c.key().clone(),
-        holder: c.holder().clone(),
-        token: g.token,
-    }
+    Fence::new(c.key().clone(), c.holder().clone(), g.token)
 }
 
 async fn acquired(c: &mut LeaseClient) -> leader_core::Grant {
@@ -213,4 +210,68 @@ async fn a_released_term_cannot_write_fenced() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Fenced { .. }), "{err}");
+}
+
+/// A shard term's fence: the lease checked is the membership term (`lease_term`), the token
+/// written is the shard's. It writes while that term is live, with the shard's token as the
+/// object's fence; once the term has ended (released, then a newer term), the same lease term
+/// is refused although its token is above the object's fence, and a refusal by the lease never
+/// reports the membership's token as the object's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_with_a_separate_lease_term_needs_that_term_live() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let key = p.unique_key();
+    let object = ObjectName::new("shard-report").unwrap();
+    let mut a = client(&store, &key, "a");
+    let g = acquired(&mut a).await;
+    let member = fence_of(&a, &g);
+    let shard = |token: u64| Fence {
+        token: FencingToken(token),
+        lease_term: Some(member.token),
+        ..member.clone()
+    };
+    let s = g.token.get() + 1000;
+    let written = store
+        .fenced_write(&shard(s), &object, b"one")
+        .await
+        .unwrap();
+    assert_eq!(written.fence, FencingToken(s));
+
+    assert!(a.release().await.unwrap());
+    let err = store
+        .fenced_write(&shard(s + 1), &object, b"after release")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Fenced { presented, highest: None, .. } if presented.get() == s + 1),
+        "{err}"
+    );
+
+    let mut b = client(&store, &key, "b");
+    let g2 = acquired(&mut b).await;
+    assert!(g2.token > g.token);
+    let err = store
+        .fenced_write(&shard(s + 2), &object, b"after a newer term")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { highest: None, .. }), "{err}");
+    // A shard token below the newer membership token, on an object it may write: refused by
+    // the lease, and the membership token is not reported as the object's fence.
+    let err = store
+        .fenced_write(&shard(1), &ObjectName::new("shard-fresh").unwrap(), b"x")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { highest: None, .. }), "{err}");
+    let kept = store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!((kept.fence, kept.value), (FencingToken(s), b"one".to_vec()));
+
+    // The newer membership term's fence writes with a shard token above the object's fence.
+    let newer = Fence {
+        token: FencingToken(s + 3),
+        lease_term: Some(g2.token),
+        ..fence_of(&b, &g2)
+    };
+    let written = store.fenced_write(&newer, &object, b"two").await.unwrap();
+    assert_eq!(written.fence, newer.token);
 }

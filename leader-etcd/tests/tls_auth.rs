@@ -148,11 +148,7 @@ async fn a_user_with_readwrite_on_the_prefix_can_lead() {
         c.renew().await.unwrap(),
         leader_core::Renewal::Renewed(_)
     ));
-    let fence = leader_core::backend::Fence {
-        key,
-        holder: c.holder().clone(),
-        token: grant.token,
-    };
+    let fence = leader_core::backend::Fence::new(key, c.holder().clone(), grant.token);
     let object = leader_core::ObjectName::new("report").unwrap();
     leader_core::FencedStore::fenced_write(&store, &fence, &object, b"done")
         .await

@@ -1003,8 +1003,8 @@ impl FencedCas for ZooKeeperStore {
 
     /// One multi through the shared session: check that the lease node still has the version
     /// just read (after checking that it is the fence's term's node: ephemeral, `czxid` =
-    /// token), and create the object (expected absent) or set its data at the expected
-    /// version.
+    /// the fence's lease token), and create the object (expected absent) or set its data at
+    /// the expected version.
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
         let lease = self.lease_path(&put.fence.key);
         let path = self.object_path(put.object);
@@ -1036,8 +1036,11 @@ impl FencedCas for ZooKeeperStore {
                     .check_stat(&lease)
                     .await
                     .map_err(|e| map_error(e, read))?;
+                // The lease term's own token: a shard term's fence writes the shard's token,
+                // but its lease is the instance's membership.
+                let term = put.fence.lease_token();
                 let Some(stat) =
-                    stat.filter(|s| s.ephemeral_owner != 0 && token_of(s.czxid) == put.fence.token)
+                    stat.filter(|s| s.ephemeral_owner != 0 && token_of(s.czxid) == term)
                 else {
                     return Ok(None);
                 };

@@ -568,11 +568,7 @@ async fn fenced_writes_check_the_lease_node() {
     let object = ObjectName::new(format!("{key}-object")).unwrap();
     let mut a = env.client(&key, "a");
     let ga = acquire(&mut a).await;
-    let fence_a = Fence {
-        key: key.clone(),
-        holder: a.holder().clone(),
-        token: ga.token,
-    };
+    let fence_a = Fence::new(key.clone(), a.holder().clone(), ga.token);
     let first = env
         .store
         .fenced_write(&fence_a, &object, b"one")
@@ -621,11 +617,7 @@ async fn fenced_writes_check_the_lease_node() {
     // The primitive: the lease check is part of the same multi.
     let mut b = env.client(&key, "b");
     let gb = acquire(&mut b).await;
-    let fence_b = Fence {
-        key: key.clone(),
-        holder: b.holder().clone(),
-        token: gb.token,
-    };
+    let fence_b = Fence::new(key.clone(), b.holder().clone(), gb.token);
     let expected = Expected::Revision(now.revision.clone());
     let put = FencedPut::new(&fence_a, &object, &expected, b"x");
     assert!(matches!(
@@ -639,6 +631,77 @@ async fn fenced_writes_check_the_lease_node() {
     ));
     let read = env.store.get_fenced(&object).await.unwrap().unwrap();
     assert_eq!((read.fence, read.value), (gb.token, b"from b".to_vec()));
+}
+
+/// A shard term's fence: the lease checked is the membership term (`lease_term`), the token
+/// written is the shard's. It writes while that term is live, with the shard's token as the
+/// object's fence; once the term has ended (released, then a newer term), the same lease term
+/// is refused although its token is above the object's fence.
+#[tokio::test]
+async fn a_fence_with_a_separate_lease_term_needs_that_term_live() {
+    let Some(env) = Env::new("shard-fence").await else {
+        return;
+    };
+    let key = key();
+    let object = ObjectName::new(format!("{key}-object")).unwrap();
+    let mut a = env.client(&key, "a");
+    let g = acquire(&mut a).await;
+    let member = Fence::new(key.clone(), a.holder().clone(), g.token);
+    let shard = |token: u64| Fence {
+        token: FencingToken(token),
+        lease_term: Some(member.token),
+        ..member.clone()
+    };
+    let s = g.token.get() + 1000;
+    let written = env
+        .store
+        .fenced_write(&shard(s), &object, b"one")
+        .await
+        .unwrap();
+    assert_eq!(written.fence, FencingToken(s));
+    let (data, _) = env
+        .raw
+        .get_data(&env.store.object_path(&object))
+        .await
+        .unwrap();
+    assert!(data.starts_with(format!("leader-fence v1 {s}\n").as_bytes()));
+
+    assert!(a.release().await.unwrap());
+    let err = env
+        .store
+        .fenced_write(&shard(s + 1), &object, b"after release")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Fenced { presented, highest: None, .. } if presented.get() == s + 1),
+        "{err}"
+    );
+
+    let mut b = env.client(&key, "b");
+    let g2 = acquire(&mut b).await;
+    assert!(g2.token > g.token);
+    let err = env
+        .store
+        .fenced_write(&shard(s + 2), &object, b"after a newer term")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { highest: None, .. }), "{err}");
+    let kept = env.store.fenced_read(&object).await.unwrap().unwrap();
+    assert_eq!((kept.fence, kept.value), (FencingToken(s), b"one".to_vec()));
+
+    // The newer membership term's fence writes with a shard token above the object's fence.
+    let newer = Fence {
+        token: FencingToken(s + 3),
+        lease_term: Some(g2.token),
+        ..Fence::new(key.clone(), b.holder().clone(), g2.token)
+    };
+    let written = env
+        .store
+        .fenced_write(&newer, &object, b"two")
+        .await
+        .unwrap();
+    assert_eq!(written.fence, newer.token);
+    assert!(b.release().await.unwrap());
 }
 
 /// `read_for_term` reports the record held only to the term whose session owns the node:

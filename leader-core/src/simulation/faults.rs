@@ -501,10 +501,12 @@ mod tests {
         let memory = MemoryStore::new();
         let store = FaultyStore::new(memory.clone(), 3, vec![late_control()]);
         let object = ObjectName::new("o").unwrap();
-        let fence = |token| Fence {
-            key: LeaseKey::new("k").unwrap(),
-            holder: HolderId::new("a").unwrap(),
-            token: FencingToken(token),
+        let fence = |token| {
+            Fence::new(
+                LeaseKey::new("k").unwrap(),
+                HolderId::new("a").unwrap(),
+                FencingToken(token),
+            )
         };
         let r = timeout(
             Duration::from_millis(200),
@@ -532,11 +534,11 @@ mod tests {
         let memory = MemoryStore::new();
         let store = FaultyStore::new(memory.clone(), 3, vec![late_control()]);
         let object = ObjectName::new("o").unwrap();
-        let fence = Fence {
-            key: LeaseKey::new("k").unwrap(),
-            holder: HolderId::new("a").unwrap(),
-            token: FencingToken(1),
-        };
+        let fence = Fence::new(
+            LeaseKey::new("k").unwrap(),
+            HolderId::new("a").unwrap(),
+            FencingToken(1),
+        );
         let r = timeout(
             Duration::from_millis(200),
             store.fenced_write(&fence, &object, b"first"),
