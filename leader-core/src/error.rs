@@ -248,6 +248,9 @@ pub enum ConfigError {
         /// The safety margin.
         margin: Duration,
     },
+    /// A sharded election's shard count is out of range.
+    #[error("invalid shard count: {0}")]
+    InvalidShards(String),
     /// The backend does not support these settings (Azure: lease 15 to 60 s; GCS: at most one
     /// write per second to an object).
     #[error("{backend} does not support this setting: {reason}")]

@@ -188,6 +188,17 @@ impl LeaseClient {
         self.backend.changes(&self.key)
     }
 
+    /// The record last seen and since when (local time of the first answer that showed its
+    /// revision), as follower reads left it.
+    pub(crate) fn observed(&self) -> Option<(&Stored, Instant)> {
+        self.observed.as_ref().map(|o| (&o.stored, o.first_seen))
+    }
+
+    /// The expiry model of the store.
+    pub(crate) fn expiry_model(&self) -> ExpiryModel {
+        self.backend.expiry_model()
+    }
+
     /// The timing in force.
     pub fn timing(&self) -> &Timing {
         &self.timing

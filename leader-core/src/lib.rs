@@ -66,6 +66,7 @@ mod lease;
 mod memory;
 mod model;
 mod rand;
+mod shard;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -87,6 +88,10 @@ pub use memory::MemoryStore;
 pub use model::{
     FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, Metadata,
     ObjectName, validate_metadata, wall_clock_unix_ms,
+};
+pub use shard::{
+    Assignment, MAX_SHARDS, MemberStatus, ShardFlaw, ShardSet, ShardTerm, ShardTerms,
+    ShardedElector, ShardedElectorBuilder, ShardedHandle, ShardedStatus, read_status,
 };
 
 /// The repository README's Rust examples, compiled and run as doctests.

@@ -84,6 +84,11 @@ impl MemoryStore {
         self.notifier.notify();
     }
 
+    /// Deletes the protected object `name`, as an operator might.
+    pub fn delete_object(&self, name: &ObjectName) {
+        self.lock().objects.remove(name.as_str());
+    }
+
     fn decode(key: &str, bytes: &[u8], revision: &Revision) -> Result<Stored, Error> {
         Ok(Stored {
             record: LeaseRecord::from_json(key, bytes)?,

@@ -28,6 +28,7 @@
 mod candidate;
 mod check;
 mod faults;
+mod sharded;
 mod world;
 
 use std::collections::BTreeMap;
@@ -45,6 +46,10 @@ pub use check::{
     Gap, Span, check_fencing, check_liveness, check_one_leader, check_tokens, liveness_bound, spans,
 };
 pub use faults::{FaultControl, Faults, FaultyStore, Late};
+pub use sharded::{
+    Inst, ShardEvent, ShardReport, ShardSimConfig, check_one_owner, check_settled,
+    check_shard_tokens, run_sharded, settle_bound,
+};
 
 use candidate::*;
 use world::*;

@@ -1,0 +1,544 @@
+//! Sharded leadership: one leader per shard, the shards of a key spread over every instance
+//! that runs, with store writes that grow with the number of instances, not shards.
+//!
+//! Each instance holds one *membership* lease (an ordinary lease, renewed as any other) whose
+//! record publishes the shards it claims. A shard's record names its owner and the owner's
+//! membership term; it is written only when the shard changes hands, and it counts only while
+//! that membership term lasts. So while nothing changes hands, an instance writes its one
+//! membership record every `renew_every`, whatever the number of shards. `docs/sharding.md`
+//! has the rules and the argument for their safety.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use leader_core::{LeaseKey, MemoryStore, ShardedElector};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Arc::new(MemoryStore::new());
+//! let handle = ShardedElector::builder(store, LeaseKey::new("queues")?, 8).build()?.spawn();
+//! // Alone, this instance leads all 8 shards; each term has its own token.
+//! let term = handle.next_term().await?;
+//! println!("leading shard {} with token {}", term.shard(), term.token());
+//! drop(term);
+//! handle.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod driver;
+mod records;
+mod status;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Fence, FencedCas, LeaseBackend};
+use crate::config::{ClockRate, Timing, TimingOverrides};
+use crate::elector::{ElectorTask, Problem, Stopped, TermDeadline};
+use crate::error::ConfigError;
+use crate::lease::LeaseClient;
+use crate::model::{FencingToken, HolderId, LeaseKey};
+use crate::rand::Rng;
+
+pub(crate) use records::Names;
+pub use records::{MAX_SHARDS, ShardSet};
+pub use status::{MemberStatus, ShardedStatus, read_status};
+
+/// What a sharded instance does now, published on every change.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Assignment {
+    /// The shards this instance leads now, with their tokens.
+    pub led: BTreeMap<u32, FencingToken>,
+    /// The live members this instance counted at its last look, itself included (0 before
+    /// it joined).
+    pub members: usize,
+    /// Whether this instance holds its membership lease.
+    pub member: bool,
+    /// The last store error, if the last attempt failed.
+    pub problem: Option<Problem>,
+    /// Set once the elector has stopped: `Some(None)` on request, `Some(Some(p))` for an error
+    /// that retrying cannot fix.
+    pub stopped: Option<Option<Problem>>,
+}
+
+/// A deliberate flaw in the sharded protocol, for the simulation's negative controls.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ShardFlaw {
+    /// None: the rules as documented.
+    #[default]
+    None,
+    /// A taker judges the owner's membership term from the cheap (possibly lagging) read,
+    /// and takes any other token (not only a greater one) for a later term.
+    LaggingOwnerRead,
+    /// An absent shard record is free even if a live member claims the shard.
+    IgnoreClaims,
+    /// A taker writes `previous token + 1` without reserving it in the high-water mark.
+    NoReservation,
+    /// A member adopts a shard record that names it by id, whatever membership term it names.
+    OwnerById,
+}
+
+/// Configures a [`ShardedElector`]. Durations left unset are derived from `ttl` as in
+/// [`Timing::from_ttl`].
+#[derive(Debug)]
+#[must_use]
+pub struct ShardedElectorBuilder {
+    leases: Arc<dyn LeaseBackend>,
+    objects: Arc<dyn FencedCas>,
+    key: LeaseKey,
+    shards: u32,
+    holder: Option<HolderId>,
+    ttl: Duration,
+    set: TimingOverrides,
+    seed: Option<u64>,
+    clock: ClockRate,
+    flaw: ShardFlaw,
+}
+
+impl ShardedElectorBuilder {
+    /// The membership lease's duration (default 15 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often the membership lease is renewed (default `ttl / 3`).
+    pub fn renew_every(mut self, d: Duration) -> Self {
+        self.set.renew_every = Some(d);
+        self
+    }
+
+    /// How long to wait at most between attempts while the store fails (default `ttl / 5`).
+    pub fn retry_every(mut self, d: Duration) -> Self {
+        self.set.retry_every = Some(d);
+        self
+    }
+
+    /// How often the members' records are read to balance shards (default 500 ms, at most
+    /// `ttl / 5`).
+    pub fn poll_every(mut self, d: Duration) -> Self {
+        self.set.poll_every = Some(d);
+        self
+    }
+
+    /// How long before its membership could expire an instance stops acting on its shards
+    /// (default the larger of `ttl / 10` and `2 x request_timeout`).
+    pub fn margin(mut self, d: Duration) -> Self {
+        self.set.margin = Some(d);
+        self
+    }
+
+    /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.set.request_timeout = Some(d);
+        self
+    }
+
+    /// Sets every duration at once.
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.ttl = timing.ttl;
+        self.set = TimingOverrides {
+            renew_every: Some(timing.renew_every),
+            retry_every: Some(timing.retry_every),
+            poll_every: Some(timing.poll_every),
+            margin: Some(timing.margin),
+            request_timeout: Some(timing.request_timeout),
+        };
+        self
+    }
+
+    /// This instance's id (default [`HolderId::generate`]).
+    pub fn holder_id(mut self, holder: HolderId) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
+    /// Seeds the jitter of polls and backoff, for reproducible tests (default: random).
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Simulation only: run this instance's timers as if its clock ran at `rate`.
+    #[doc(hidden)]
+    pub fn simulated_clock_rate(mut self, rate: f64) -> Self {
+        self.clock = ClockRate(rate);
+        self
+    }
+
+    /// Simulation only: plant a flaw, to show that the checkers catch it.
+    #[doc(hidden)]
+    pub fn flaw(mut self, flaw: ShardFlaw) -> Self {
+        self.flaw = flaw;
+        self
+    }
+
+    /// Validates the settings and builds the elector.
+    ///
+    /// # Errors
+    /// A [`ConfigError`]: no shards or more than [`MAX_SHARDS`], a key too long for its
+    /// records' names (over 96 bytes), or a timing rule broken (as for
+    /// [`Elector`](crate::Elector)).
+    pub fn build(self) -> Result<ShardedElector, ConfigError> {
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(ConfigError::InvalidShards(format!(
+                "{} shards; a sharded election has 1 to {MAX_SHARDS} shards",
+                self.shards
+            )));
+        }
+        if !(self.clock.0.is_finite() && self.clock.0 > 0.0) {
+            return Err(ConfigError::ZeroDuration {
+                field: "simulated clock rate",
+            });
+        }
+        let timing = Timing::resolve(self.ttl, &self.set);
+        let names = records::Names::new(&self.key)?;
+        let holder = self.holder.unwrap_or_else(HolderId::generate);
+        let member = LeaseClient::new(
+            self.leases.clone(),
+            names.member(&holder),
+            holder.clone(),
+            timing,
+        )?
+        .with_clock(self.clock, self.seed.map(|s| s ^ 0x5eed));
+        let tokens = LeaseClient::new(
+            self.leases.clone(),
+            names.tokens().clone(),
+            holder.clone(),
+            timing,
+        )?
+        .with_clock(self.clock, self.seed.map(|s| s ^ 0x70c3));
+        Ok(ShardedElector {
+            driver: driver::Driver::new(driver::Parts {
+                leases: self.leases,
+                objects: self.objects,
+                names,
+                shards: self.shards,
+                holder,
+                member,
+                tokens,
+                timing,
+                clock: self.clock,
+                rng: self.seed.map_or_else(Rng::from_entropy, Rng::seeded),
+                flaw: self.flaw,
+            }),
+        })
+    }
+}
+
+/// Leads a share of a key's shards, one [`ShardTerm`] per led shard.
+///
+/// Instances of one key find each other through the store (a roster object and one
+/// membership lease each), and balance the shards to within one of each other: an instance
+/// takes free shards while below its fair share `ceil(shards / members)` and releases (never
+/// lets expire) the ones above it. Every shard term has the single-key guarantees: it ends by
+/// its deadline on the local clock whether or not the elector's task runs, its token is
+/// higher than every earlier term of the shard, and [`ShardTerm::fence`] fences writes.
+///
+/// The store needs both the lease contract ([`LeaseBackend`]) and conditional objects
+/// ([`FencedCas`]); every store of the suite has them.
+#[derive(Debug)]
+pub struct ShardedElector {
+    driver: driver::Driver,
+}
+
+impl ShardedElector {
+    /// Starts configuring an instance of the `shards` shards of `key` on `store`.
+    pub fn builder<S>(store: Arc<S>, key: LeaseKey, shards: u32) -> ShardedElectorBuilder
+    where
+        S: LeaseBackend + FencedCas + 'static,
+    {
+        ShardedElectorBuilder {
+            leases: store.clone(),
+            objects: store,
+            key,
+            shards,
+            holder: None,
+            ttl: Timing::DEFAULT_TTL,
+            set: TimingOverrides::default(),
+            seed: None,
+            clock: ClockRate(1.0),
+            flaw: ShardFlaw::None,
+        }
+    }
+
+    /// The timing in force.
+    pub fn timing(&self) -> &Timing {
+        self.driver.timing()
+    }
+
+    /// Spawns the instance on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, like [`tokio::spawn`].
+    pub fn spawn(self) -> ShardedHandle {
+        let (mut handle, task) = self.into_parts();
+        handle.task = Some(tokio::spawn(task));
+        handle
+    }
+
+    /// The handle and the instance's future, which the caller must run to completion.
+    pub fn into_parts(self) -> (ShardedHandle, ElectorTask) {
+        let (shared, task) = self.driver.start();
+        let rx = shared.tx.subscribe();
+        (
+            ShardedHandle {
+                shared,
+                rx,
+                task: None,
+            },
+            task,
+        )
+    }
+}
+
+/// One led shard as the driver and the handle share it.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) fence: Fence,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) deadline: watch::Receiver<TermDeadline>,
+    pub(crate) alive: mpsc::Sender<()>,
+    pub(crate) handed_out: bool,
+}
+
+impl Slot {
+    fn live(&self) -> bool {
+        !self.cancel.is_cancelled() && Instant::now() < self.deadline.borrow().effective()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) tick: Duration,
+    pub(crate) key: LeaseKey,
+    pub(crate) holder: HolderId,
+    pub(crate) shards: u32,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) slots: Mutex<BTreeMap<u32, Slot>>,
+    pub(crate) tx: watch::Sender<Assignment>,
+}
+
+impl Shared {
+    pub(crate) fn slots(&self) -> MutexGuard<'_, BTreeMap<u32, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes the led shards as the slots say, with `change` applied.
+    pub(crate) fn publish(&self, change: impl FnOnce(&mut Assignment)) {
+        let led: BTreeMap<u32, FencingToken> = self
+            .slots()
+            .iter()
+            .filter(|(_, slot)| !slot.cancel.is_cancelled())
+            .map(|(s, slot)| (*s, slot.fence.token))
+            .collect();
+        self.tx.send_if_modified(|a| {
+            let mut next = a.clone();
+            next.led = led;
+            change(&mut next);
+            if next == *a {
+                false
+            } else {
+                *a = next;
+                true
+            }
+        });
+    }
+}
+
+/// Controls a running [`ShardedElector`]. Dropping it shuts the instance down (releasing its
+/// shards and membership in the background, if the runtime lives on).
+#[derive(Debug)]
+pub struct ShardedHandle {
+    shared: Arc<Shared>,
+    rx: watch::Receiver<Assignment>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ShardedHandle {
+    /// A receiver of every change of this instance's [`Assignment`].
+    pub fn assignment(&self) -> watch::Receiver<Assignment> {
+        self.rx.clone()
+    }
+
+    /// The shards this instance leads now (a shard whose deadline has passed is not led,
+    /// even if nothing has published it yet).
+    pub fn led(&self) -> BTreeMap<u32, FencingToken> {
+        self.shared
+            .slots()
+            .iter()
+            .filter(|(_, slot)| slot.live())
+            .map(|(s, slot)| (*s, slot.fence.token))
+            .collect()
+    }
+
+    /// This instance's id.
+    pub fn holder_id(&self) -> &HolderId {
+        &self.shared.holder
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.shared.key
+    }
+
+    /// The number of shards of the key.
+    pub fn shards(&self) -> u32 {
+        self.shared.shards
+    }
+
+    /// Waits for a shard term that has not been handed out yet; see [`ShardTerms::next`].
+    ///
+    /// # Errors
+    /// [`Stopped`] once the elector has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn next_term(&self) -> Result<ShardTerm, Stopped> {
+        self.terms().next().await
+    }
+
+    /// A source of this instance's shard terms that another task can own (it does not keep
+    /// the instance running).
+    pub fn terms(&self) -> ShardTerms {
+        ShardTerms {
+            shared: self.shared.clone(),
+            rx: self.rx.clone(),
+        }
+    }
+
+    /// Stops: ends every shard term, waits for their [`ShardTerm`]s to be dropped (at most
+    /// until the deadline), releases the shards whose work stopped, then the membership, and
+    /// returns when the instance has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe; the shutdown goes on.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.cancel();
+        let mut rx = self.rx.clone();
+        let _ = rx.wait_for(|a| a.stopped.is_some()).await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ShardedHandle {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+    }
+}
+
+/// Hands out the shard terms of one [`ShardedHandle`]; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ShardTerms {
+    shared: Arc<Shared>,
+    rx: watch::Receiver<Assignment>,
+}
+
+impl ShardTerms {
+    /// Waits for a shard term that has not been handed out yet and returns it. Each term is
+    /// handed out once. Drop the [`ShardTerm`] when its work has stopped: a release (to
+    /// rebalance, or at shutdown) waits for that, up to the deadline, before it lets another
+    /// instance take the shard.
+    ///
+    /// # Errors
+    /// [`Stopped`] once the elector has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn next(&self) -> Result<ShardTerm, Stopped> {
+        let mut rx = self.rx.clone();
+        loop {
+            let stopped = rx.borrow_and_update().stopped.clone();
+            if let Some(problem) = stopped {
+                return Err(Stopped { problem });
+            }
+            {
+                let mut slots = self.shared.slots();
+                if let Some((shard, slot)) = slots
+                    .iter_mut()
+                    .find(|(_, slot)| !slot.handed_out && slot.live())
+                {
+                    slot.handed_out = true;
+                    return Ok(ShardTerm {
+                        shard: *shard,
+                        fence: slot.fence.clone(),
+                        cancel: slot.cancel.clone(),
+                        deadline: slot.deadline.clone(),
+                        _alive: slot.alive.clone(),
+                    });
+                }
+            }
+            rx.changed().await.map_err(|_| Stopped { problem: None })?;
+        }
+    }
+}
+
+/// One term of leadership of one shard.
+///
+/// As [`Term`](crate::Term): check [`is_valid`](Self::is_valid) before each action or run the
+/// work until [`cancelled`](Self::cancelled), pass [`fence`](Self::fence) with writes to
+/// protected resources, and drop it when the work has stopped.
+#[derive(Debug)]
+pub struct ShardTerm {
+    shard: u32,
+    fence: Fence,
+    cancel: CancellationToken,
+    deadline: watch::Receiver<TermDeadline>,
+    _alive: mpsc::Sender<()>,
+}
+
+impl ShardTerm {
+    /// The shard, `0..shards`.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The term's fencing token: higher than every earlier term's of this shard.
+    pub fn token(&self) -> FencingToken {
+        self.fence.token
+    }
+
+    /// The fence for writes to protected objects: the shard's token, and this instance's
+    /// membership lease as the lease that must be live (checked in the same write on the
+    /// stores that can).
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// The deadline as of the last successful membership renew (earlier by the time the host
+    /// was suspended since).
+    pub fn deadline(&self) -> Instant {
+        self.deadline.borrow().effective()
+    }
+
+    /// Whether the term still allows acting: not ended and before the deadline.
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// Completes when the term ends: released, lost, or its deadline reached on the local
+    /// clock. It does not depend on the elector's task running: one watchdog task per
+    /// membership term (not one per shard, which would cost 10,000 timers) cancels every
+    /// shard term at the deadline, also after a host suspend.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// The term's cancellation token, for work spawned elsewhere: cancelled when the term
+    /// ends (by the elector, by a watchdog at the deadline, or when the elector's task ends).
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}

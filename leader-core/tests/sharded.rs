@@ -1,0 +1,417 @@
+//! The sharded elector on the in-memory store, under paused time: balance, handover by
+//! release, failover after a crash, tokens per shard, fencing, and writes that do not grow
+//! with the number of shards.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leader_core::backend::{
+    FencedCas, FencedObject, FencedPut, ObjectWrite, Stored, WriteOutcome, WriteRequest,
+};
+use leader_core::{
+    Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
+    ShardTerm, ShardedElector, ShardedHandle, read_status,
+};
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(15);
+
+/// The memory store, counting writes (lease records and objects).
+#[derive(Debug, Default)]
+struct Counting {
+    store: MemoryStore,
+    writes: AtomicU64,
+    object_writes: AtomicU64,
+}
+
+#[async_trait]
+impl LeaseBackend for Counting {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for Counting {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.object_writes.fetch_add(1, Ordering::Relaxed);
+        self.store.put_fenced_if(put).await
+    }
+}
+
+fn key() -> LeaseKey {
+    LeaseKey::new("queues").unwrap()
+}
+
+fn start<S: LeaseBackend + FencedCas + 'static>(
+    store: &Arc<S>,
+    id: &str,
+    shards: u32,
+) -> ShardedHandle {
+    ShardedElector::builder(store.clone(), key(), shards)
+        .ttl(TTL)
+        .holder_id(HolderId::new(id).unwrap())
+        .jitter_seed(id.len() as u64 * 7919 + u64::from(id.as_bytes()[id.len() - 1]))
+        .build()
+        .unwrap()
+        .spawn()
+}
+
+/// Takes every term handed out and drops it when it ends, like well-behaved work.
+fn work(handle: &ShardedHandle) {
+    let terms = handle.terms();
+    tokio::spawn(async move {
+        while let Ok(term) = terms.next().await {
+            tokio::spawn(async move {
+                term.cancelled().await;
+                drop::<ShardTerm>(term);
+            });
+        }
+    });
+}
+
+fn counts(handles: &[&ShardedHandle]) -> Vec<usize> {
+    handles.iter().map(|h| h.led().len()).collect()
+}
+
+/// Checks every 10 ms until `done` holds, that no shard is led by two instances at once;
+/// returns how long it took.
+async fn until_checked(
+    handles: &[&ShardedHandle],
+    within: Duration,
+    done: impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let led = one_owner(handles);
+        if done(&led) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "not settled within {within:?}: {:?}",
+            counts(handles)
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What each instance leads now, checked: no shard led twice.
+fn one_owner(handles: &[&ShardedHandle]) -> Vec<BTreeMap<u32, FencingToken>> {
+    let led: Vec<_> = handles.iter().map(|h| h.led()).collect();
+    let mut owner = BTreeMap::new();
+    for (i, l) in led.iter().enumerate() {
+        for s in l.keys() {
+            if let Some(j) = owner.insert(*s, i) {
+                panic!("shard {s} led by instances {j} and {i} at once");
+            }
+        }
+    }
+    led
+}
+
+/// Checks every 10 ms for `d` that no shard is led twice.
+async fn hold(handles: &[&ShardedHandle], d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        one_owner(handles);
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn all_led(n: u32) -> impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool {
+    move |led| led.iter().map(BTreeMap::len).sum::<usize>() == n as usize
+}
+
+fn balanced(n: u32) -> impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool {
+    move |led| {
+        let c: Vec<usize> = led.iter().map(BTreeMap::len).collect();
+        c.iter().sum::<usize>() == n as usize
+            && c.iter().max().unwrap() - c.iter().min().unwrap() <= 1
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_instance_leads_every_shard_and_hands_each_term_out_once() {
+    let store = Arc::new(MemoryStore::new());
+    let a = start(&store, "a", 8);
+    let mut seen = BTreeMap::new();
+    for _ in 0..8 {
+        let term = a.next_term().await.unwrap();
+        assert!(term.is_valid());
+        assert!(
+            seen.insert(term.shard(), term).is_none(),
+            "handed out twice"
+        );
+    }
+    // Nothing more to hand out.
+    assert!(tokio::time::timeout(TTL, a.next_term()).await.is_err());
+    assert_eq!(a.led().len(), 8);
+    let status = read_status(store.as_ref(), &key()).await.unwrap().unwrap();
+    assert_eq!(status.members.len(), 1);
+    assert_eq!(status.members[0].claims.len(), 8);
+    assert!(status.unclaimed.is_empty());
+    drop(seen);
+    a.shutdown().await;
+    let status = read_status(store.as_ref(), &key()).await.unwrap().unwrap();
+    assert!(status.members.is_empty(), "left the roster: {status:?}");
+    assert_eq!(status.unclaimed.len(), 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn instances_balance_and_hand_over_by_release_not_expiry() {
+    let store = Arc::new(MemoryStore::new());
+    let n = 10;
+    let a = start(&store, "a", n);
+    work(&a);
+    until_checked(&[&a], TTL, all_led(n)).await;
+    let b = start(&store, "b", n);
+    work(&b);
+    // A handover by release: well within one ttl.
+    let took = until_checked(&[&a, &b], TTL, balanced(n)).await;
+    assert!(took < TTL / 2, "took {took:?}");
+    let c = start(&store, "c", n);
+    work(&c);
+    until_checked(&[&a, &b, &c], TTL, balanced(n)).await;
+    // It stays balanced, with no moves, while nothing changes.
+    let before: Vec<_> = [&a, &b, &c].iter().map(|h| h.led()).collect();
+    hold(&[&a, &b, &c], 3 * TTL).await;
+    let after: Vec<_> = [&a, &b, &c].iter().map(|h| h.led()).collect();
+    assert_eq!(before, after, "shards moved while nothing changed");
+    // A graceful leave hands its shards over at once.
+    c.shutdown().await;
+    let took = until_checked(&[&a, &b], TTL, balanced(n)).await;
+    assert!(took < TTL / 2, "took {took:?}");
+}
+
+/// The memory store, with a switch that makes every call of one instance fail (a partition).
+#[derive(Debug, Default)]
+struct Cut {
+    store: MemoryStore,
+    cut: std::sync::atomic::AtomicBool,
+}
+
+impl Cut {
+    fn check(&self) -> Result<(), Error> {
+        if self.cut.load(Ordering::Relaxed) {
+            Err(Error::unavailable("partitioned (test)"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for Cut {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.check()?;
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.check()?;
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for Cut {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.check()?;
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.check()?;
+        self.store.put_fenced_if(put).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partitioned_instance_stops_by_its_deadline_and_its_shards_move_after_a_ttl() {
+    let store = MemoryStore::new();
+    let a_side = Arc::new(Cut {
+        store: store.clone(),
+        ..Cut::default()
+    });
+    let b_side = Arc::new(Cut {
+        store: store.clone(),
+        ..Cut::default()
+    });
+    let n = 12;
+    let a = start(&a_side, "a", n);
+    let b = start(&b_side, "b", n);
+    work(&a);
+    work(&b);
+    until_checked(&[&a, &b], TTL, balanced(n)).await;
+    let before = b.led();
+    b_side.cut.store(true, Ordering::Relaxed);
+    // b still leads until its deadline; a takes b's shards only after a ttl, and never while
+    // b leads them.
+    let took = until_checked(&[&a, &b], 3 * TTL, |led| led[0].len() == n as usize).await;
+    assert!(b.led().is_empty());
+    assert!(took > TTL * 2 / 3, "took over after only {took:?}");
+    let after = a.led();
+    for (s, old) in &before {
+        assert!(after[s] > *old, "shard {s}: token {} after {old}", after[s]);
+    }
+    // Healed, b takes a new membership term and gets its share back, by release.
+    b_side.cut.store(false, Ordering::Relaxed);
+    until_checked(&[&a, &b], 2 * TTL, balanced(n)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_instance_shards_are_taken_after_a_ttl_with_higher_tokens() {
+    let store = Arc::new(MemoryStore::new());
+    let n = 6;
+    let a = start(&store, "a", n);
+    work(&a);
+    let (b, task) = ShardedElector::builder(store.clone(), key(), n)
+        .ttl(TTL)
+        .holder_id(HolderId::new("b").unwrap())
+        .build()
+        .unwrap()
+        .into_parts();
+    let task = tokio::spawn(task);
+    work(&b);
+    until_checked(&[&a, &b], TTL, balanced(n)).await;
+    let before = b.led();
+    task.abort(); // no release: a crash
+    let took = until_checked(&[&a], 3 * TTL, all_led(n)).await;
+    assert!(took > TTL * 2 / 3, "took over after only {took:?}");
+    assert!(took < TTL + Duration::from_secs(3), "took {took:?}");
+    let after = a.led();
+    for (s, old) in &before {
+        assert!(after[s] > *old);
+    }
+    // The crashed member left the roster.
+    sleep(Duration::from_secs(2)).await;
+    let status = read_status(store.as_ref(), &key()).await.unwrap().unwrap();
+    let ids: Vec<_> = status
+        .members
+        .iter()
+        .map(|m| m.id.as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["a"]);
+}
+
+/// Steady state: store writes per hour do not depend on the number of shards (one membership
+/// renew per instance per `renew_every`, no shard record written).
+#[tokio::test(start_paused = true)]
+async fn writes_per_hour_grow_with_instances_not_shards() {
+    let mut per_hour = Vec::new();
+    for n in [10u32, 1000] {
+        let store = Arc::new(Counting::default());
+        let a = start(&store, "a", n);
+        let b = start(&store, "b", n);
+        work(&a);
+        work(&b);
+        until_checked(&[&a, &b], 2 * TTL, balanced(n)).await;
+        sleep(TTL).await;
+        let (w0, o0) = (
+            store.writes.load(Ordering::Relaxed),
+            store.object_writes.load(Ordering::Relaxed),
+        );
+        sleep(Duration::from_secs(1800)).await;
+        let writes = store.writes.load(Ordering::Relaxed) - w0;
+        let objects = store.object_writes.load(Ordering::Relaxed) - o0;
+        assert_eq!(
+            objects, 0,
+            "{n} shards: no shard record written while nothing moves"
+        );
+        per_hour.push(writes * 2);
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+    // Two instances, one renew each per renew_every: the same for 10 shards as for 1,000.
+    assert_eq!(per_hour[0], per_hour[1], "{per_hour:?}");
+    let renew_every = ShardedElector::builder(Arc::new(MemoryStore::new()), key(), 1)
+        .ttl(TTL)
+        .build()
+        .unwrap()
+        .timing()
+        .renew_every;
+    let expected = (2.0 * 3600.0 / renew_every.as_secs_f64()) as u64;
+    assert!(
+        per_hour[0].abs_diff(expected) <= 2,
+        "{per_hour:?}, expected {expected}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_rise_across_handovers_and_deletes_and_fence_stale_writes() {
+    let store = Arc::new(MemoryStore::new());
+    let n = 4;
+    let a = start(&store, "a", n);
+    let mut terms = BTreeMap::new();
+    for _ in 0..n {
+        let t = a.next_term().await.unwrap();
+        terms.insert(t.shard(), t);
+    }
+    let object = ObjectName::new("out").unwrap();
+    store
+        .fenced_write(terms[&0].fence(), &object, b"a")
+        .await
+        .unwrap();
+    let first: BTreeMap<u32, FencingToken> = terms.iter().map(|(s, t)| (*s, t.token())).collect();
+    let old_fence = terms[&0].fence().clone();
+    drop(terms);
+    a.shutdown().await;
+    // The operator deletes the token lease and a shard record: tokens still rise.
+    store.delete(&LeaseKey::new("queues.tokens").unwrap());
+    store.delete_object(&ObjectName::new("queues.s.0").unwrap());
+    let b = start(&store, "b", n);
+    let mut second = BTreeMap::new();
+    for _ in 0..n {
+        let t = b.next_term().await.unwrap();
+        assert!(t.token() > first[&t.shard()], "shard {}", t.shard());
+        second.insert(t.shard(), t);
+    }
+    store
+        .fenced_write(second[&0].fence(), &object, b"b")
+        .await
+        .unwrap();
+    let stale = store.fenced_write(&old_fence, &object, b"late").await;
+    assert!(matches!(stale, Err(Error::Fenced { .. })), "{stale:?}");
+    // The operator deletes a shard record that b leads: nobody else may take it while b
+    // claims it.
+    store.delete_object(&ObjectName::new("queues.s.1").unwrap());
+    let c = start(&store, "c", n);
+    work(&c);
+    // c gets its fair share (2) by b's release, never shard 1 while b leads it.
+    let led_by_b: Vec<u32> = second.keys().copied().collect();
+    drop(second);
+    let _ = led_by_b;
+    work(&b);
+    until_checked(&[&b, &c], 2 * TTL, balanced(n)).await;
+    hold(&[&b, &c], 2 * TTL).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_with_another_shard_count_stops_with_a_clear_error() {
+    let store = Arc::new(MemoryStore::new());
+    let a = start(&store, "a", 4);
+    work(&a);
+    until_checked(&[&a], TTL, all_led(4)).await;
+    let b = start(&store, "b", 5);
+    let err = b.next_term().await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("4 shards") && message.contains("5"),
+        "{message}"
+    );
+    assert_eq!(a.led().len(), 4, "the running instance is not disturbed");
+    for bad in [0, leader_core::MAX_SHARDS + 1] {
+        let built = ShardedElector::builder(store.clone(), key(), bad).build();
+        assert!(built.is_err(), "{bad} shards accepted");
+    }
+}
