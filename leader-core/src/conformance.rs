@@ -48,8 +48,8 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{
-    Expected, ExpiryModel, Fence, FencedCas, FencedPut, FencedStore, IfChanged, LeaseBackend,
-    ObjectWrite, Revision, WriteKind, WriteOutcome, WriteRequest,
+    Expected, ExpiryModel, Fence, FencedPut, FencedStore, IfChanged, LeaseBackend, ObjectWrite,
+    Revision, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
@@ -78,8 +78,8 @@ pub fn unique_key(prefix: &str) -> Result<LeaseKey, ConfigError> {
 
 /// A store that offers leases and fenced writes (through its [`FencedCas`], which the suite
 /// also checks directly).
-pub trait ConformantStore: LeaseBackend + FencedCas {}
-impl<T: LeaseBackend + FencedCas> ConformantStore for T {}
+pub trait ConformantStore: crate::ShardStore {}
+impl<T: crate::ShardStore + ?Sized> ConformantStore for T {}
 
 /// What a backend provides to run the suite.
 #[async_trait]
@@ -1152,6 +1152,141 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
     Ok(())
 }
 
+/// Sharded leadership on the store: two instances of six shards balance to three each, every
+/// shard term's token is above the shard's earlier ones, a shard term's fence writes a
+/// protected object, no shard is ever led by both at once (checked every 20 ms), and a
+/// shutdown hands its shards over by release, well within a ttl.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use crate::{ShardStore, ShardTerm, ShardedElector, ShardedHandle};
+
+    const CASE: &str = "sharded_balance_and_handover";
+    const SHARDS: u32 = 6;
+    type Led = Arc<Mutex<BTreeMap<u32, ShardTerm>>>;
+    let key = h.unique_key();
+    let timing = h.timing();
+    let start =
+        |id: &str, store: Arc<dyn ConformantStore>| -> Result<(ShardedHandle, Led), Failure> {
+            let store: Arc<dyn ShardStore> = store;
+            let handle = ShardedElector::builder(store, key.clone(), SHARDS)
+                .timing(timing)
+                .holder_id(HolderId::new(id).ctx(CASE, "holder id")?)
+                .build()
+                .ctx(CASE, "building a sharded elector")?
+                .spawn();
+            let led: Led = Arc::default();
+            let (terms, keep) = (handle.terms(), led.clone());
+            tokio::spawn(async move {
+                while let Ok(term) = terms.next().await {
+                    let (shard, cancel) = (term.shard(), term.cancellation_token());
+                    keep.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(shard, term);
+                    let keep = keep.clone();
+                    tokio::spawn(async move {
+                        cancel.cancelled().await;
+                        keep.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&shard);
+                    });
+                }
+            });
+            Ok((handle, led))
+        };
+    // Waits until `done` holds for what each instance leads, checking every 20 ms that no
+    // shard is led twice.
+    async fn until(
+        handles: &[&ShardedHandle],
+        within: Duration,
+        what: &str,
+        done: impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool,
+    ) -> Result<Vec<BTreeMap<u32, FencingToken>>, Failure> {
+        let end = Instant::now() + within;
+        loop {
+            let led: Vec<_> = handles.iter().map(|h| h.led()).collect();
+            for s in 0..SHARDS {
+                let n = led.iter().filter(|l| l.contains_key(&s)).count();
+                ensure!(n <= 1, CASE, "shard {s} led by {n} instances at once");
+            }
+            if done(&led) {
+                return Ok(led);
+            }
+            ensure!(
+                Instant::now() < end,
+                CASE,
+                "{what} did not happen within {within:?}: {led:?}"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let settle = timing.ttl * 3;
+    let (a, a_led) = start("a", h.store().await.ctx(CASE, "connecting")?)?;
+    let first = until(&[&a], settle, "one instance leading every shard", |l| {
+        l[0].len() == SHARDS as usize
+    })
+    .await?
+    .remove(0);
+    let (b, b_led) = start("b", h.store().await.ctx(CASE, "connecting")?)?;
+    let both = until(&[&a, &b], settle, "balancing 3/3", |l| {
+        l[0].len() == 3 && l[1].len() == 3
+    })
+    .await?;
+    for (s, token) in &both[1] {
+        ensure!(
+            *token > first[s],
+            CASE,
+            "shard {s} moved to b with token {token}, not above a's {}",
+            first[s]
+        );
+    }
+    // A shard term's fence writes a protected object.
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let object = ObjectName::new(format!("{key}-object")).ctx(CASE, "object name")?;
+    let fence = {
+        let led = b_led.lock().unwrap_or_else(|e| e.into_inner());
+        led.values().next().map(|t| t.fence().clone())
+    };
+    let fence = fence.ok_or_else(|| fail(CASE, "b has no shard term to write with"))?;
+    store
+        .fenced_write(&fence, &object, b"shard")
+        .await
+        .ctx(CASE, "a shard term's fenced write")?;
+    // A shutdown hands every shard over by release: far sooner than a ttl.
+    drop(a_led);
+    let left = Instant::now();
+    a.shutdown().await;
+    let after = until(
+        &[&b],
+        timing.ttl,
+        "b leading every shard after a left",
+        |l| l[0].len() == SHARDS as usize,
+    )
+    .await?
+    .remove(0);
+    ensure!(
+        left.elapsed() < timing.ttl,
+        CASE,
+        "the handover took {:?}, not less than a ttl",
+        left.elapsed()
+    );
+    for (s, token) in &both[0] {
+        ensure!(
+            after[s] > *token,
+            CASE,
+            "shard {s} moved back to b with token {}, not above {token}",
+            after[s]
+        );
+    }
+    drop(b_led);
+    b.shutdown().await;
+    Ok(())
+}
+
 /// Runs every case in turn, in the order of the one case list (that of
 /// [`conformance_tests!`](crate::conformance_tests)).
 ///
@@ -1177,7 +1312,7 @@ macro_rules! conformance_tests {
             race, deposed_fenced_write_rejected, fenced_put_needs_the_revision_it_read,
             fence_with_a_separate_lease_term, malformed_record_is_reported_and_kept,
             read_if_changed_follows_writes, token_survives_deletion, takeover_only_after_full_ttl,
-            stale_renew_is_conflict);
+            stale_renew_is_conflict, sharded_balance_and_handover);
     };
     (@run $h:ident; $($case:ident),* $(,)?) => {
         $( $crate::conformance::$case($h).await?; )*

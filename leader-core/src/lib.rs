@@ -90,7 +90,7 @@ pub use model::{
     ObjectName, validate_metadata, wall_clock_unix_ms,
 };
 pub use shard::{
-    Assignment, MAX_SHARDS, MemberStatus, ShardFlaw, ShardSet, ShardTerm, ShardTerms,
+    Assignment, MAX_SHARDS, MemberStatus, ShardFlaw, ShardSet, ShardStore, ShardTerm, ShardTerms,
     ShardedElector, ShardedElectorBuilder, ShardedHandle, ShardedStatus, read_status,
 };
 

@@ -26,7 +26,7 @@
 //! ```
 
 mod driver;
-mod records;
+pub(crate) mod records;
 mod status;
 
 use std::collections::BTreeMap;
@@ -45,7 +45,6 @@ use crate::lease::LeaseClient;
 use crate::model::{FencingToken, HolderId, LeaseKey};
 use crate::rand::Rng;
 
-pub(crate) use records::Names;
 pub use records::{MAX_SHARDS, ShardSet};
 pub use status::{MemberStatus, ShardedStatus, read_status};
 
@@ -83,6 +82,25 @@ pub enum ShardFlaw {
     NoReservation,
     /// A member adopts a shard record that names it by id, whatever membership term it names.
     OwnerById,
+}
+
+/// A store for sharded leadership: leases ([`LeaseBackend`]) and conditional objects
+/// ([`FencedCas`]). Every store of the suite is one; an `Arc` of any of them, or of a `dyn`
+/// store trait that has this one as a supertrait, converts to `Arc<dyn ShardStore>`.
+pub trait ShardStore: LeaseBackend + FencedCas {
+    /// The store as a lease backend.
+    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend>;
+    /// The store as a conditional object store.
+    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas>;
+}
+
+impl<T: LeaseBackend + FencedCas + 'static> ShardStore for T {
+    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend> {
+        self
+    }
+    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas> {
+        self
+    }
 }
 
 /// Configures a [`ShardedElector`]. Durations left unset are derived from `ttl` as in
@@ -243,7 +261,7 @@ impl ShardedElectorBuilder {
 /// higher than every earlier term of the shard, and [`ShardTerm::fence`] fences writes.
 ///
 /// The store needs both the lease contract ([`LeaseBackend`]) and conditional objects
-/// ([`FencedCas`]); every store of the suite has them.
+/// ([`FencedCas`]): a [`ShardStore`]; every store of the suite is one.
 #[derive(Debug)]
 pub struct ShardedElector {
     driver: driver::Driver,
@@ -251,13 +269,10 @@ pub struct ShardedElector {
 
 impl ShardedElector {
     /// Starts configuring an instance of the `shards` shards of `key` on `store`.
-    pub fn builder<S>(store: Arc<S>, key: LeaseKey, shards: u32) -> ShardedElectorBuilder
-    where
-        S: LeaseBackend + FencedCas + 'static,
-    {
+    pub fn builder(store: Arc<dyn ShardStore>, key: LeaseKey, shards: u32) -> ShardedElectorBuilder {
         ShardedElectorBuilder {
-            leases: store.clone(),
-            objects: store,
+            leases: store.clone().leases(),
+            objects: store.objects(),
             key,
             shards,
             holder: None,

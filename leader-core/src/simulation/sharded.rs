@@ -747,7 +747,7 @@ async fn simulate(config: ShardSimConfig) -> Vec<ShardEvent> {
                     world.log(ShardEvent::Deleted { name, at: now });
                 } else if let Some(r) = target.and_then(|t| running.get(&t)) {
                     let key = LeaseKey::new("sim").ok().and_then(|k| {
-                        let names = crate::shard::Names::new(&k).ok()?;
+                        let names = crate::shard::records::Names::new(&k).ok()?;
                         Some(names.member(&HolderId::new(&r.id).ok()?))
                     });
                     if let Some(key) = key {
