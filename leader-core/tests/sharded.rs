@@ -415,3 +415,68 @@ async fn an_instance_with_another_shard_count_stops_with_a_clear_error() {
         assert!(built.is_err(), "{bad} shards accepted");
     }
 }
+
+/// The memory store, with every call taking 30 ms (a slow or busy store).
+#[derive(Debug, Default)]
+struct Slow {
+    store: MemoryStore,
+}
+
+const SLOW: Duration = Duration::from_millis(30);
+
+#[async_trait]
+impl LeaseBackend for Slow {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        sleep(SLOW).await;
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        sleep(SLOW).await;
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for Slow {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        sleep(SLOW).await;
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        sleep(SLOW).await;
+        self.store.put_fenced_if(put).await
+    }
+}
+
+/// Taking 1,000 shards from a slow store takes many calls; the membership is renewed in the
+/// middle of them, so it is never lost on the way.
+#[tokio::test(start_paused = true)]
+async fn a_slow_store_does_not_starve_the_membership_renew() {
+    let store = Arc::new(Slow::default());
+    let n = 1000;
+    let a = start(&store, "a", n);
+    let b = start(&store, "b", n);
+    work(&a);
+    work(&b);
+    let lost = Arc::new(AtomicU64::new(0));
+    for h in [&a, &b] {
+        let mut rx = h.assignment();
+        let lost = lost.clone();
+        tokio::spawn(async move {
+            let mut was = false;
+            while rx.changed().await.is_ok() {
+                let member = rx.borrow().member;
+                if was && !member {
+                    lost.fetch_add(1, Ordering::Relaxed);
+                }
+                was = member;
+            }
+        });
+    }
+    until_checked(&[&a, &b], 20 * TTL, balanced(n)).await;
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "a membership term was lost"
+    );
+}

@@ -91,6 +91,8 @@ struct Membership {
     cancel: CancellationToken,
     deadline: watch::Sender<TermDeadline>,
     next_renew: Instant,
+    /// Ended (by `end_membership`): the driver goes back to joining.
+    over: bool,
 }
 
 enum End {
@@ -313,6 +315,7 @@ impl Driver {
             grant,
             cancel,
             deadline,
+            over: false,
         }
     }
 
@@ -328,11 +331,11 @@ impl Driver {
                     return End::Shutdown;
                 }
                 _ = sleep_until(m.grant.deadline) => {
-                    self.end_membership(&m, "deadline passed without a successful renew");
+                    self.end_membership(&mut m, "deadline passed without a successful renew");
                     return End::Over;
                 }
                 _ = m.cancel.cancelled() => {
-                    self.end_membership(&m, "deadline passed (the host was suspended)");
+                    self.end_membership(&mut m, "deadline passed (the host was suspended)");
                     return End::Over;
                 }
                 _ = sleep_until(m.next_renew) => {
@@ -341,7 +344,11 @@ impl Driver {
                     }
                 }
                 _ = sleep_until(next_poll) => {
-                    match self.poll(&mut m).await {
+                    let looked = self.poll(&mut m).await;
+                    if m.over {
+                        return End::Over;
+                    }
+                    match looked {
                         Ok(()) => shared.publish(|a| a.problem = None),
                         Err(e) if is_permanent(&e) => {
                             warn!(error = %e, "stopping: this error needs a person (not retried)");
@@ -420,6 +427,15 @@ impl Driver {
         }
     }
 
+    /// Renews now if a renew is due, so that a long batch of store calls (a slow or busy
+    /// store) never starves the membership. `false` once the membership term is over.
+    async fn stay(&mut self, m: &mut Membership) -> bool {
+        if !m.over && Instant::now() >= m.next_renew {
+            self.renew(m).await;
+        }
+        !m.over
+    }
+
     /// Starts a term for every pending shard in `published`.
     async fn activate(&mut self, m: &Membership, published: &ShardSet) {
         // Rule 1: the record must still be the one we wrote now that the set naming the shard
@@ -434,7 +450,13 @@ impl Driver {
             .map(|(s, o)| (*s, o.revision.clone()))
             .collect();
         let mut verified = ShardSet::new(self.n);
+        let started = Instant::now();
+        let budget = self.real(self.timing.renew_every) / 4;
         for (s, revision) in waiting {
+            // A slow store: the rest stay pending, read back after the next renew.
+            if started.elapsed() > budget {
+                break;
+            }
             let name = self.names.shard(s);
             match self.get(&name, "reading back a shard record").await {
                 Ok(Some((_, now))) if now == revision => verified.insert(s),
@@ -487,7 +509,11 @@ impl Driver {
         }
     }
 
-    fn end_membership(&mut self, m: &Membership, why: &str) {
+    fn end_membership(&mut self, m: &mut Membership, why: &str) {
+        if m.over {
+            return;
+        }
+        m.over = true;
         let shared = self.shared();
         m.cancel.cancel();
         self.member.end_term(why);
@@ -752,7 +778,13 @@ impl Driver {
     async fn take(&mut self, m: &mut Membership, candidates: Vec<u32>) -> Result<(), Error> {
         // 1. The shard records, read linearizably.
         let mut found = Vec::with_capacity(candidates.len());
+        let started = Instant::now();
+        let budget = self.real(self.timing.renew_every) / 2;
         for s in candidates {
+            // A slow store: take what was read so far; the rest waits for the next look.
+            if started.elapsed() > budget || !self.stay(m).await {
+                break;
+            }
             let name = self.names.shard(s);
             match self.get(&name, "reading a shard record").await {
                 Ok(None) => found.push((s, None)),
@@ -766,6 +798,9 @@ impl Driver {
                     break;
                 }
             }
+        }
+        if m.over {
+            return Ok(());
         }
         // 2. Who may be acting on each: absent records are checked against the members'
         // claims as they are now (linearizable reads), others against their owner's term.
@@ -848,12 +883,15 @@ impl Driver {
     /// on what was read. Returns how many were written.
     async fn write_held(
         &mut self,
-        m: &Membership,
+        m: &mut Membership,
         shards: Vec<(u32, Expected, u64)>,
         token: Option<u64>,
     ) -> usize {
         let mut written = 0;
         for (s, expected, old) in shards {
+            if !self.stay(m).await {
+                break;
+            }
             let token = token.unwrap_or(if self.flaw == ShardFlaw::NoReservation && old == 0 {
                 1
             } else if self.flaw == ShardFlaw::NoReservation {
@@ -1235,6 +1273,9 @@ impl Driver {
         }
         let mut released = 0usize;
         for (s, token, revision) in done {
+            if !self.stay(m).await {
+                break;
+            }
             let record = ShardRecord {
                 v: 1,
                 owner: self.me.clone(),
