@@ -480,3 +480,52 @@ async fn a_slow_store_does_not_starve_the_membership_renew() {
         "a membership term was lost"
     );
 }
+
+/// At shutdown, work that takes two ttls to stop (a child given a long grace) keeps its
+/// shards: the leaving instance renews meanwhile, and another takes them only once the work
+/// has stopped.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_keeps_shards_until_their_slow_work_has_stopped() {
+    let store = Arc::new(MemoryStore::new());
+    let n = 4;
+    let a = start(&store, "a", n);
+    let acting = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let terms = a.terms();
+    let a_acting = acting.clone();
+    tokio::spawn(async move {
+        while let Ok(term) = terms.next().await {
+            a_acting.lock().unwrap().insert(term.shard());
+            let a_acting = a_acting.clone();
+            tokio::spawn(async move {
+                term.cancelled().await;
+                sleep(2 * TTL).await;
+                a_acting.lock().unwrap().remove(&term.shard());
+                drop(term);
+            });
+        }
+    });
+    until_checked(&[&a], TTL, all_led(n)).await;
+    let b = start(&store, "b", n);
+    work(&b);
+    // a's released shards go to b only once their work has stopped, two ttls later.
+    until_checked(&[&a, &b], 4 * TTL, balanced(n)).await;
+    let stopping = tokio::spawn(a.shutdown());
+    let start = Instant::now();
+    loop {
+        let led = b.led();
+        let still = acting.lock().unwrap().clone();
+        for s in led.keys() {
+            assert!(
+                !still.contains(s),
+                "b leads shard {s} while a's work still runs"
+            );
+        }
+        if led.len() == n as usize {
+            break;
+        }
+        assert!(start.elapsed() < 4 * TTL, "b never got every shard");
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(start.elapsed() >= 2 * TTL, "taken before the work stopped");
+    stopping.await.unwrap();
+}

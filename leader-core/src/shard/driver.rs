@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -1316,23 +1316,37 @@ impl Driver {
     async fn leave(&mut self, m: &mut Membership) {
         let count = self.owned.len();
         self.release(count);
-        let deadline = m.grant.deadline;
-        let mut confirmed = true;
-        for o in self.owned.values_mut() {
-            if let State::Releasing(Some(rx)) = &mut o.state {
-                if timeout_at(deadline, rx.recv()).await.is_err() {
-                    confirmed = false;
-                    break;
+        // Wait for the work to stop, renewing meanwhile: the shards stay claimed (nobody else
+        // takes them) until every one's work is confirmed stopped. Work that ignores its
+        // cancelled term gets a few ttls; then the membership is left to expire instead.
+        let give_up = Instant::now() + self.real(self.timing.ttl) * 4;
+        loop {
+            let running = self.owned.values_mut().any(|o| match &mut o.state {
+                State::Releasing(Some(rx)) => {
+                    !matches!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected))
                 }
-                o.state = State::Releasing(None);
+                _ => false,
+            });
+            if !running || m.over {
+                break;
+            }
+            if Instant::now() >= give_up {
+                warn!(
+                    "the work of a shard was not confirmed stopped; not releasing, the membership will expire"
+                );
+                m.cancel.cancel();
+                self.member.end_term("work outlived its term");
+                return;
+            }
+            tokio::select! {
+                biased;
+                _ = sleep_until(m.next_renew) => {
+                    self.renew(m).await;
+                }
+                _ = sleep(self.real(RELEASE_CHECK)) => {}
             }
         }
-        if !confirmed {
-            warn!(
-                "the work of a shard was not confirmed stopped by the deadline; not releasing, the membership will expire"
-            );
-            m.cancel.cancel();
-            self.member.end_term("work outlived the deadline");
+        if m.over {
             return;
         }
         self.finish_releases(m).await;
