@@ -6,6 +6,7 @@
 mod demo;
 mod process_tree;
 mod run;
+mod sharded;
 mod status;
 mod store;
 mod supervisor;
@@ -94,6 +95,21 @@ Environment of the command:
   LEADER_HOLDER_ID      this instance's id     LEADER_KEY      the lease key
   LEADER_STORE          the store URL          LEADER_TTL_MS   the lease duration, in ms
   LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
+  LEADER_SHARD          with --shards: the shard, 0 to N-1 (LEADER_FENCING_TOKEN is its token)
+  LEADER_SHARDS         with --shards: N
+
+Sharded runs (--shards N):
+  Every instance of one store URL and N shares the N shards: each leads its share (within
+  one of the others'), rebalanced as instances come and go, and runs one command per led
+  shard, each under its own supervisor by the rules above (started only within the term,
+  SIGTERM at deadline - grace, SIGKILL at the deadline, every process it starts). A shard
+  moves to another instance only after its command and everything it started have exited.
+  A command that exits by itself while its shard is still led is started again in the same
+  term (same token) after a pause: 1s, doubled while it keeps exiting within 30s, at most
+  30s; so is one whose supervisor was killed. Stop signals reach every shard's command;
+  then leader releases the shards and exits 128+N. --supervise is implied; --wait and --meta
+  do not apply (64); another N than the key's instances use is refused (78). Exit codes: 128+N, 69, 78 as above, never a command's own. The shards
+  are not in `leader status` but in `leader status --shards`.
 
 Logging: LEADER_LOG sets the filter (tracing syntax, e.g. `warn`, `leader_core=debug`, or
   `debug` for everything, the SDKs included). The default is `info` for leader's own lines and
@@ -159,7 +175,7 @@ enum Command {
     /// Campaign for the lease; run CMD while leader; stop it when leadership ends.
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
-    /// Print who holds the lease.
+    /// Print who holds the lease (with --shards: who leads which shards of a sharded key).
     Status(status::StatusArgs),
     /// Three `leader run` processes on a temporary file store; kill the leader; watch failover.
     Demo,

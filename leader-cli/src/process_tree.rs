@@ -1,6 +1,6 @@
 //! The host's clocks and process tree, as `leader run` and its supervisor see them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -50,6 +50,11 @@ fn parent_in_stat(stat: &str) -> Option<i32> {
 
 /// Every living (or not yet reaped) descendant of `root`, children first.
 pub(crate) fn descendants(root: Pid) -> Vec<Pid> {
+    descendants_outside(root, &BTreeSet::new())
+}
+
+/// As [`descendants`], without the processes in `spared` and their own descendants.
+pub(crate) fn descendants_outside(root: Pid, spared: &BTreeSet<i32>) -> Vec<Pid> {
     let parents = parents();
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     for (pid, ppid) in &parents {
@@ -59,6 +64,9 @@ pub(crate) fn descendants(root: Pid) -> Vec<Pid> {
     let mut next = vec![root.as_raw()];
     while let Some(p) = next.pop() {
         for c in children.get(&p).into_iter().flatten() {
+            if spared.contains(c) {
+                continue;
+            }
             out.push(Pid::from_raw(*c));
             next.push(*c);
         }
@@ -84,6 +92,14 @@ mod tests {
         assert_eq!(parent_in_stat("42 (sh) S 7 42 42 0"), Some(7));
         assert_eq!(parent_in_stat("42 (a b) c) R 9 1 1"), Some(9));
         assert_eq!(parent_in_stat("garbage"), None);
+    }
+
+    #[test]
+    fn spared_processes_are_left_out_with_their_descendants() {
+        let parent = nix::unistd::getppid();
+        let me = Pid::this();
+        let spared = BTreeSet::from([me.as_raw()]);
+        assert!(!descendants_outside(parent, &spared).contains(&me));
     }
 
     #[test]

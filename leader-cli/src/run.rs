@@ -4,26 +4,28 @@
 //! (`supervisor.rs`) starts the command and stops it. See `supervisor.rs` for why the two are
 //! separate and how each way of stopping `leader` is handled.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use clap::Args;
 use leader_core::backend::within;
 use leader_core::{
-    ConfigError, Elector, ElectorHandle, ErrorKind, HolderId, Leadership, Metadata, Term, Timing,
-    TimingOverrides,
+    ConfigError, Elector, ErrorKind, FencingToken, HolderId, Leadership, LeaseKey, MAX_SHARDS,
+    Metadata, ShardTerm, Term, Timing, TimingOverrides,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::process_tree::{boottime_ns, signal_descendants};
+use crate::process_tree::{boottime_ns, descendants_outside};
 use crate::supervisor::{Ended, Report, Request};
 use crate::{Exit, exit, store};
 
@@ -32,9 +34,9 @@ pub(crate) struct RunArgs {
     /// Where the lease lives: file:///dir/KEY, azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY,
     /// gs://BUCKET/OBJECT, etcd://HOST:PORT/[FOLDER/]KEY, zk://HOST:PORT/[PATH/]KEY.
     #[arg(long, env = "LEADER_STORE")]
-    store: String,
+    pub(crate) store: String,
     #[command(flatten)]
-    store_options: store::StoreOptions,
+    pub(crate) store_options: store::StoreOptions,
     /// Lease duration.
     #[arg(long, env = "LEADER_TTL", value_parser = crate::parse_duration, default_value = "15s")]
     ttl: Duration,
@@ -65,12 +67,19 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "LEADER_WAIT", value_parser = crate::parse_duration)]
     wait: Option<Duration>,
     /// Keep campaigning after the command exits or leadership is lost, and run it again when
-    /// leader again.
+    /// leader again. (Implied by --shards.)
     #[arg(long, env = "LEADER_SUPERVISE")]
     supervise: bool,
+    /// Lead a share of the N shards of the key, with the other instances of the same key and
+    /// N: one command per led shard, with LEADER_SHARD and the shard's LEADER_FENCING_TOKEN
+    /// (see "Sharded runs" below). Every instance must give the same N.
+    /// (No environment variable: LEADER_SHARDS is what the command gets.)
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
+    pub(crate) shards: Option<u32>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
-    command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 /// What the supervisor needs beyond the grace period: for this process to pass a renewed
@@ -119,7 +128,8 @@ fn check_grace(grace: Option<Duration>, t: &Timing) -> Result<Duration, Exit> {
 }
 
 /// How a supervised run of the command ended.
-enum Outcome {
+#[derive(Debug)]
+pub(crate) enum Outcome {
     /// The command exited by itself with this code.
     Exited(u8),
     /// The term ended (deadline, lost lease, or the supervisor was lost); the command was
@@ -133,14 +143,15 @@ enum Outcome {
 }
 
 /// What `leader` does with the signals it receives.
-enum Received {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Received {
     /// Stop the command (second time: kill it), release, exit 128+N.
     Stop(Signal),
     /// Pass on to the command.
     Forward(Signal),
 }
 
-struct Signals {
+pub(crate) struct Signals {
     term: UnixSignal,
     int: UnixSignal,
     hup: UnixSignal,
@@ -150,7 +161,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> Result<Self, Exit> {
+    pub(crate) fn new() -> Result<Self, Exit> {
         let make = |s: Signal| {
             signal(SignalKind::from_raw(s as i32))
                 .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("signal handler for {s}: {e}")))
@@ -166,7 +177,7 @@ impl Signals {
     }
 
     /// The next signal.
-    async fn recv(&mut self) -> Received {
+    pub(crate) async fn recv(&mut self) -> Received {
         tokio::select! {
             biased;
             _ = self.term.recv() => Received::Stop(Signal::SIGTERM),
@@ -193,8 +204,36 @@ fn metadata(pairs: &[String]) -> Result<Metadata, Exit> {
     Ok(m)
 }
 
+/// Where a supervised run gets `leader`'s signals: from the signal handlers (a single key),
+/// or relayed by the task that reads them (one run per shard).
+pub(crate) enum Inbox<'a> {
+    Signals(&'a mut Signals),
+    Relayed(&'a mut broadcast::Receiver<Received>),
+}
+
+impl Inbox<'_> {
+    /// The next signal.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub(crate) async fn recv(&mut self) -> Received {
+        match self {
+            Inbox::Signals(s) => s.recv().await,
+            Inbox::Relayed(rx) => loop {
+                match rx.recv().await {
+                    Ok(r) => return r,
+                    // Signals are few and every run reads them at once; should some be lost,
+                    // the next one still arrives.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+                }
+            },
+        }
+    }
+}
+
 /// The exit for a campaign that ended on an error retrying cannot fix.
-fn campaign_failed(problem: Option<&leader_core::Problem>) -> Exit {
+pub(crate) fn campaign_failed(problem: Option<&leader_core::Problem>) -> Exit {
     match problem {
         Some(p) => {
             let code = match p.kind {
@@ -207,7 +246,33 @@ fn campaign_failed(problem: Option<&leader_core::Problem>) -> Exit {
     }
 }
 
-pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
+/// The flags a sharded run cannot honour, as a usage error.
+fn check_sharded_flags(args: &RunArgs) -> Result<(), Exit> {
+    let refuse = |flag: &str, why: &str| {
+        Err(Exit::new(
+            exit::USAGE,
+            format!("{flag} cannot be used with --shards: {why}"),
+        ))
+    };
+    if args.wait.is_some() {
+        return refuse(
+            "--wait",
+            "an instance that leads no shard is a standby, not a failure",
+        );
+    }
+    if args.meta.iter().any(|m| !m.is_empty()) {
+        return refuse(
+            "--meta",
+            "a member's record carries its claimed shards, not metadata",
+        );
+    }
+    Ok(())
+}
+
+pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, Exit> {
+    if args.shards.is_some() {
+        check_sharded_flags(&args)?;
+    }
     let url = store::parse(&args.store)?;
     let config = |e: ConfigError| Exit::new(exit::CONFIG, e.to_string());
     // The timing rules first, so that a bad --ttl is reported as such.
@@ -234,6 +299,16 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
         .map(HolderId::new)
         .transpose()
         .map_err(config)?;
+    if let Some(shards) = args.shards {
+        let plan = crate::sharded::Plan {
+            shards,
+            timing: planned,
+            grace,
+            holder,
+            log_format,
+        };
+        return crate::sharded::run(&args, &url, plan).await;
+    }
     let (backend, key) = store::open(&url, &args.store_options).await?;
     let mut builder = Elector::builder(backend.clone(), key.clone())
         .timing(planned)
@@ -244,14 +319,7 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
     let elector = builder.build().map_err(config)?;
     let timing = *elector.timing();
 
-    // Whatever the supervisor leaves behind if it is killed is re-parented to this process,
-    // which kills it (see `kill_leftovers`).
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        return Err(Exit::new(
-            exit::UNAVAILABLE,
-            format!("cannot become a child subreaper: {e}"),
-        ));
-    }
+    become_subreaper()?;
 
     // Errors retrying cannot fix end the run now; others are retried by the elector.
     match within(timing.request_timeout * 2, backend.read(&key)).await {
@@ -277,11 +345,14 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
         None => None,
     };
     let ctx = Ctx {
-        args: &args,
+        command: args.command.clone(),
+        store: args.store.clone(),
         log_format,
         timing,
         grace,
-        handle: &handle,
+        key: handle.key().clone(),
+        holder: holder.clone(),
+        shards: None,
     };
     loop {
         let term = tokio::select! {
@@ -308,7 +379,13 @@ pub(crate) async fn run(args: RunArgs, log_format: &str) -> Result<u8, Exit> {
             },
         };
         info!(token = %term.token(), "became leader; starting the command");
-        let outcome = supervise(&ctx, &term, &mut signals).await?;
+        let outcome = supervise(
+            &ctx,
+            TermView::Lease(&term),
+            Renewals::Published(handle.leadership()),
+            &mut Inbox::Signals(&mut signals),
+        )
+        .await?;
         if let Outcome::SupervisorLost(signalled) = outcome {
             // DESIGN.md: with the supervisor gone, the lease is left to expire. Holding the
             // term through the step-down keeps the elector from releasing it (it stops
@@ -361,36 +438,164 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-struct Ctx<'a> {
-    args: &'a RunArgs,
-    log_format: &'a str,
-    timing: Timing,
-    grace: Duration,
-    handle: &'a ElectorHandle,
+/// Whatever a supervisor leaves behind if it is killed is re-parented to this process, which
+/// kills it (see `kill_leftovers`).
+pub(crate) fn become_subreaper() -> Result<(), Exit> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| {
+        Exit::new(
+            exit::UNAVAILABLE,
+            format!("cannot become a child subreaper: {e}"),
+        )
+    })
+}
+
+/// What every supervised run of the command shares.
+pub(crate) struct Ctx {
+    pub(crate) command: Vec<String>,
+    pub(crate) store: String,
+    pub(crate) log_format: &'static str,
+    pub(crate) timing: Timing,
+    pub(crate) grace: Duration,
+    pub(crate) key: LeaseKey,
+    pub(crate) holder: HolderId,
+    /// The number of shards, in a sharded run.
+    pub(crate) shards: Option<u32>,
+}
+
+/// The term one run of the command belongs to: the lease's, or one shard's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TermView<'a> {
+    Lease(&'a Term),
+    Shard(&'a ShardTerm),
+}
+
+impl TermView<'_> {
+    fn token(self) -> FencingToken {
+        match self {
+            TermView::Lease(t) => t.token(),
+            TermView::Shard(t) => t.token(),
+        }
+    }
+
+    fn deadline(self) -> Instant {
+        match self {
+            TermView::Lease(t) => t.deadline(),
+            TermView::Shard(t) => t.deadline(),
+        }
+    }
+
+    async fn cancelled(self) {
+        match self {
+            TermView::Lease(t) => t.cancelled().await,
+            TermView::Shard(t) => t.cancelled().await,
+        }
+    }
+}
+
+/// A shard term's deadline is read this long before the command would be signalled, and
+/// then every [`RENEW_POLL`] until then, to pass a renew on.
+const RENEW_WATCH: Duration = Duration::from_millis(250);
+
+/// See [`RENEW_WATCH`]: well within [`SUPERVISOR_SLACK`].
+const RENEW_POLL: Duration = Duration::from_millis(10);
+
+/// How a run learns that its term was renewed (its deadline moved later).
+pub(crate) enum Renewals {
+    /// The elector publishes each renew of the lease.
+    Published(watch::Receiver<Leadership>),
+    /// A shard term's deadline is read (the renews of the membership are not published): at
+    /// [`RENEW_WATCH`] before the command's stop signal is due, then every [`RENEW_POLL`].
+    /// A healthy renew is answered by `deadline - grace - SUPERVISOR_SLACK` (`check_grace`).
+    Polled {
+        /// The deadline last passed to the supervisor.
+        sent: Option<Instant>,
+    },
+}
+
+impl Renewals {
+    /// Completes when the term's deadline has moved and should be passed on.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    async fn moved(&mut self, term: TermView<'_>, grace: Duration) {
+        match self {
+            Renewals::Published(rx) => loop {
+                if rx.changed().await.is_err() {
+                    // The elector is gone: no renew will come.
+                    std::future::pending::<()>().await;
+                }
+                let renewed = matches!(
+                    &*rx.borrow_and_update(),
+                    Leadership::Leader { token, .. } if *token == term.token()
+                );
+                if renewed {
+                    return;
+                }
+            },
+            Renewals::Polled { sent } => loop {
+                let now = Instant::now();
+                let deadline = term.deadline();
+                let last = *sent.get_or_insert(deadline);
+                if deadline > last {
+                    *sent = Some(deadline);
+                    return;
+                }
+                // The supervisor acts on its own at `last - grace`; after that, a new
+                // deadline changes nothing.
+                let Some(act) = last.checked_sub(grace).filter(|at| *at > now) else {
+                    std::future::pending::<()>().await;
+                    return;
+                };
+                let wake = match act.checked_sub(RENEW_WATCH) {
+                    Some(at) if at > now => at,
+                    _ => now + RENEW_POLL,
+                };
+                tokio::time::sleep_until(wake.min(act)).await;
+            },
+        }
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The term's deadline on CLOCK_BOOTTIME, the clock the supervisor keeps. `Term::deadline`
+/// A term's deadline on CLOCK_BOOTTIME, the clock the supervisor keeps. `Term::deadline`
 /// already counts any host suspend since the renew was sent (leader-core), so a suspend never
 /// moves this later than the truth.
-fn boottime_of(term: &Term) -> u64 {
-    boottime_ns().saturating_add(nanos(
-        term.deadline().saturating_duration_since(Instant::now()),
-    ))
+fn boottime_at(deadline: Instant) -> u64 {
+    boottime_ns().saturating_add(nanos(deadline.saturating_duration_since(Instant::now())))
+}
+
+/// The supervisors this process runs (one per shard term in a sharded run), by pid, from
+/// their start until they are reaped: `kill_leftovers` spares them and what they run.
+static SUPERVISORS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+fn supervisors() -> MutexGuard<'static, BTreeSet<i32>> {
+    SUPERVISORS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Kills everything a dead supervisor left behind (re-parented to this process, a child
-/// subreaper; this may include helpers a cloud SDK started) and reaps it. Returns only when
-/// nothing is left: until then, the lease must be neither released nor campaigned for.
+/// subreaper; this may include helpers a cloud SDK started) and reaps it, sparing the live
+/// supervisors of other shards and their commands. Returns only when nothing is left: until
+/// then, the lease must be neither released nor campaigned for.
 fn kill_leftovers() {
     let me = Pid::this();
     let mut rounds = 0u64;
-    while signal_descendants(me, Signal::SIGKILL) > 0 {
-        for pid in crate::process_tree::descendants(me) {
-            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+    loop {
+        {
+            // Held while killing, so that no supervisor starts unregistered meanwhile.
+            let live = supervisors();
+            let left = descendants_outside(me, &live);
+            if left.is_empty() {
+                break;
+            }
+            for pid in &left {
+                let _ = kill(*pid, Signal::SIGKILL);
+            }
+            for pid in left {
+                let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            }
         }
         rounds += 1;
         if rounds.is_multiple_of(1000) {
@@ -406,8 +611,14 @@ fn kill_leftovers() {
 /// How long a supervisor may take to finish a requested stop before this process kills it.
 const STOP_SLACK: Duration = Duration::from_secs(1);
 
-/// Runs the command for one term, through a supervisor process, until it has stopped.
-async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<Outcome, Exit> {
+/// Runs the command for one term, through a supervisor process, until it and everything it
+/// started have exited. An error means that nothing was started.
+pub(crate) async fn supervise(
+    ctx: &Ctx,
+    term: TermView<'_>,
+    mut renewals: Renewals,
+    inbox: &mut Inbox<'_>,
+) -> Result<Outcome, Exit> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |e: std::io::Error| Exit::new(exit::UNAVAILABLE, format!("{what}: {e}"))
@@ -418,10 +629,12 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
         .map_err(io("cannot create the control folder"))?;
     let socket = control_dir.path().join("control");
     let listener = UnixListener::bind(&socket).map_err(io("cannot create the control socket"))?;
-    let supervisor = spawn_supervisor(ctx, term, &socket, boottime_of(term))?;
-    let pid = Pid::from_raw(i32::try_from(supervisor.id()).unwrap_or(i32::MAX));
+    let deadline = term.deadline();
+    if let Renewals::Polled { sent } = &mut renewals {
+        *sent = Some(deadline);
+    }
     // Reaped below with waitpid, only once nothing will signal it any more (no pid reuse).
-    drop(supervisor);
+    let pid = spawn_supervisor(ctx, term, &socket, boottime_at(deadline))?;
     let (exited_tx, mut exited) = oneshot::channel();
     std::thread::spawn(move || {
         use nix::sys::wait::{Id, WaitPidFlag, waitid};
@@ -436,7 +649,6 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
     let (requests, mut queue) = tokio::sync::mpsc::unbounded_channel::<Request>();
     let mut writer_task = None;
     let mut reader = None;
-    let mut leadership = ctx.handle.leadership();
     let mut stopping: Option<Outcome> = None;
     let mut stop_requested: Option<Instant> = None;
     let mut done: Option<(Ended, u8)> = None;
@@ -456,7 +668,7 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
         }
         tokio::select! {
             biased;
-            got = signals.recv() => match got {
+            got = inbox.recv() => match got {
                 Received::Stop(sig) => {
                     if let Some(Outcome::Signalled(_)) = stopping {
                         // `timeout` and systemd may deliver one stop twice (to the process,
@@ -475,8 +687,18 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
                 Received::Forward(sig) => send(Request::Forward(sig)),
             },
             _ = &mut exited => break,
-            conn = listener.accept(), if writer_task.is_none() => {
-                let (stream, _) = conn.map_err(io("control socket"))?;
+            conn = listener.accept(), if writer_task.is_none() && !backstop_fired => {
+                let stream = match conn {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Without the socket the command cannot be stopped on time: end it
+                        // now (the supervisor's death kills it), as the backstop does.
+                        error!("control socket: {e}; killing the supervisor");
+                        let _ = kill(pid, Signal::SIGKILL);
+                        backstop_fired = true;
+                        continue;
+                    }
+                };
                 let (r, mut w) = stream.into_split();
                 reader = Some(BufReader::new(r).lines());
                 let mut queue = std::mem::replace(&mut queue, tokio::sync::mpsc::unbounded_channel().1);
@@ -505,18 +727,9 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
                 stop_requested = Some(Instant::now());
                 stopping = Some(Outcome::Lost);
             }
-            changed = leadership.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                // A renew of this term moved its deadline.
-                let renewed = matches!(
-                    &*leadership.borrow_and_update(),
-                    Leadership::Leader { token, .. } if *token == term.token()
-                );
-                if renewed {
-                    send(Request::Deadline(boottime_of(term)));
-                }
+            // A renew of this term moved its deadline.
+            _ = renewals.moved(term, ctx.grace) => {
+                send(Request::Deadline(boottime_at(term.deadline())));
             }
             _ = tokio::time::sleep_until(backstop), if !backstop_fired => {
                 // Still unreaped (WNOWAIT above), so the pid is still the supervisor's.
@@ -540,10 +753,18 @@ async fn supervise(ctx: &Ctx<'_>, term: &Term, signals: &mut Signals) -> Result<
             Ok(None) | Err(_) => break,
         }
     }
-    let status = tokio::task::spawn_blocking(move || nix::sys::wait::waitpid(pid, None))
-        .await
-        .ok()
-        .and_then(Result::ok);
+    let status = tokio::task::spawn_blocking(move || {
+        // Exited already (above); reaped and unregistered at once, so that
+        // `kill_leftovers` never takes the pid for a leftover nor spares another process
+        // that reuses it.
+        let mut live = supervisors();
+        let status = nix::sys::wait::waitpid(pid, None);
+        live.remove(&pid.as_raw());
+        status
+    })
+    .await
+    .ok()
+    .and_then(Result::ok);
     let outcome = match done {
         Some((Ended::Exited, code)) => match stopping {
             Some(s) => s,
@@ -586,16 +807,17 @@ async fn next_line(
     }
 }
 
+/// Starts the supervisor for `term` and registers it (see [`SUPERVISORS`]); returns its pid.
 fn spawn_supervisor(
-    ctx: &Ctx<'_>,
-    term: &Term,
+    ctx: &Ctx,
+    term: TermView<'_>,
     socket: &Path,
     deadline: u64,
-) -> Result<std::process::Child, Exit> {
+) -> Result<Pid, Exit> {
     let exe = std::env::current_exe()
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("own executable: {e}")))?;
-    let args = ctx.args;
-    std::process::Command::new(exe)
+    let mut command = std::process::Command::new(exe);
+    command
         .arg("--log-format")
         .arg(ctx.log_format)
         .arg("__supervise")
@@ -604,13 +826,27 @@ fn spawn_supervisor(
         .arg("--grace")
         .arg(format!("{}ns", ctx.grace.as_nanos()))
         .arg("--deadline")
-        .arg(deadline.to_string())
+        .arg(deadline.to_string());
+    if let (TermView::Shard(t), Some(shards)) = (term, ctx.shards) {
+        command
+            .arg("--shard")
+            .arg(t.shard().to_string())
+            .env("LEADER_SHARD", t.shard().to_string())
+            .env("LEADER_SHARDS", shards.to_string());
+    } else {
+        // Not inherited from a sharded run this one runs under.
+        command
+            .env_remove("LEADER_SHARD")
+            .env_remove("LEADER_SHARDS");
+    }
+    let mut live = supervisors();
+    let child = command
         .arg("--")
-        .args(&args.command)
+        .args(&ctx.command)
         .env("LEADER_FENCING_TOKEN", term.token().to_string())
-        .env("LEADER_STORE", &args.store)
-        .env("LEADER_KEY", ctx.handle.key().as_str())
-        .env("LEADER_HOLDER_ID", ctx.handle.holder_id().as_str())
+        .env("LEADER_STORE", &ctx.store)
+        .env("LEADER_KEY", ctx.key.as_str())
+        .env("LEADER_HOLDER_ID", ctx.holder.as_str())
         .env("LEADER_TTL_MS", ctx.timing.ttl.as_millis().to_string())
         .env("LEADER_GRACE_MS", ctx.grace.as_millis().to_string())
         .stdin(Stdio::inherit())
@@ -622,7 +858,10 @@ fn spawn_supervisor(
                 exit::UNAVAILABLE,
                 format!("cannot start the supervisor: {e}"),
             )
-        })
+        })?;
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    live.insert(pid);
+    Ok(Pid::from_raw(pid))
 }
 
 #[cfg(test)]

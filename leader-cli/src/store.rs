@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use clap::Args;
-use leader_core::{Error, LeaseBackend, LeaseKey};
+use leader::Store;
+use leader_core::{Error, LeaseKey};
 
 use crate::{Exit, exit};
 
@@ -39,7 +40,7 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
 pub(crate) async fn open(
     url: &StoreUrl,
     options: &StoreOptions,
-) -> Result<(Arc<dyn LeaseBackend>, LeaseKey), Exit> {
+) -> Result<(Arc<dyn Store>, LeaseKey), Exit> {
     let mut open = leader::OpenOptions::new()
         .with_emulator(options.emulator)
         .with_create_if_missing(options.create_if_missing);

@@ -67,6 +67,9 @@ pub(crate) struct SuperviseArgs {
     /// The term's deadline, in nanoseconds on CLOCK_BOOTTIME.
     #[arg(long)]
     deadline: u64,
+    /// The shard whose term this is, in a sharded run (for the log).
+    #[arg(long)]
+    shard: Option<u32>,
     /// The command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -260,7 +263,12 @@ struct Supervisor {
 /// `leader __supervise`. Its exit code is the command's.
 pub(crate) fn run(args: SuperviseArgs, log_format: crate::LogFormat) -> u8 {
     match Supervisor::start(&args, log_format) {
-        Ok((Some(mut s), _log)) => s.run(),
+        Ok((Some(mut s), _log)) => {
+            let _shard = args
+                .shard
+                .map(|shard| tracing::info_span!("shard", shard).entered());
+            s.run()
+        }
         Ok((None, _log)) => NOT_STARTED,
         Err(e) => {
             eprintln!("leader: the supervisor cannot start: {e}");

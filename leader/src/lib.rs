@@ -55,6 +55,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use leader_core::ShardStore;
+use leader_core::backend::FencedCas;
+
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "azure")]
 pub use leader_azure as azure;
@@ -77,9 +80,25 @@ pub use leader_gcs as gcs;
 pub use leader_zookeeper as zookeeper;
 
 /// A store that leases and takes fenced writes: what [`open`] and [`from_url`] return. Pass
-/// it to [`Elector::builder`] as it is (it is a [`LeaseBackend`]).
-pub trait Store: LeaseBackend + FencedStore {}
-impl<T: LeaseBackend + FencedStore + ?Sized> Store for T {}
+/// it as it is to [`Elector::builder`] (it is a [`LeaseBackend`]) and to
+/// [`ShardedElector::builder`](leader_core::ShardedElector::builder) (it is a [`ShardStore`]):
+///
+/// ```
+/// use leader::OpenOptions;
+/// use leader_core::ShardedElector;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("file://{}/queues", dir.path().display());
+/// let (store, key) = leader::from_url(&url, &OpenOptions::new()).await?;
+/// let handle = ShardedElector::builder(store, key, 4).build()?.spawn();
+/// handle.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+pub trait Store: LeaseBackend + FencedStore + ShardStore {}
+impl<T: LeaseBackend + FencedCas + 'static> Store for T {}
 
 /// A parsed store URL: which backend, where, and the lease key.
 #[derive(Clone, Debug, PartialEq, Eq)]
