@@ -187,6 +187,65 @@ impl ClockRate {
     }
 }
 
+/// The timing setters of a builder with fields `ttl: Duration` and `set: TimingOverrides`:
+/// written once for every builder of the crate.
+macro_rules! timing_setters {
+    ($what:literal) => {
+        #[doc = concat!("The lease duration of ", $what, " (default 15 s).")]
+        pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+            self.ttl = ttl;
+            self
+        }
+
+        /// How often the lease is renewed (default: see [`Timing::from_ttl`]).
+        pub fn renew_every(mut self, d: std::time::Duration) -> Self {
+            self.set.renew_every = Some(d);
+            self
+        }
+
+        /// How long to wait at most between attempts while the store fails (default
+        /// `ttl / 5`).
+        pub fn retry_every(mut self, d: std::time::Duration) -> Self {
+            self.set.retry_every = Some(d);
+            self
+        }
+
+        /// How often waiting instances read the records they watch (default 500 ms, at most
+        /// `ttl / 5`); see [`Timing::poll_every`].
+        pub fn poll_every(mut self, d: std::time::Duration) -> Self {
+            self.set.poll_every = Some(d);
+            self
+        }
+
+        /// How long before its lease could expire the holder stops acting (default the larger
+        /// of `ttl / 10` and `2 x request_timeout`).
+        pub fn margin(mut self, d: std::time::Duration) -> Self {
+            self.set.margin = Some(d);
+            self
+        }
+
+        /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
+        pub fn request_timeout(mut self, d: std::time::Duration) -> Self {
+            self.set.request_timeout = Some(d);
+            self
+        }
+
+        /// Sets every duration at once.
+        pub fn timing(mut self, timing: Timing) -> Self {
+            self.ttl = timing.ttl;
+            self.set = TimingOverrides {
+                renew_every: Some(timing.renew_every),
+                retry_every: Some(timing.retry_every),
+                poll_every: Some(timing.poll_every),
+                margin: Some(timing.margin),
+                request_timeout: Some(timing.request_timeout),
+            };
+            self
+        }
+    };
+}
+pub(crate) use timing_setters;
+
 #[cfg(test)]
 mod tests {
     use super::*;

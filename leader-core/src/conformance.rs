@@ -76,7 +76,7 @@ pub fn unique_key(prefix: &str) -> Result<LeaseKey, ConfigError> {
     LeaseKey::new(format!("{prefix}-{n}-{random:08x}"))
 }
 
-/// A store that offers leases and fenced writes (through its [`FencedCas`], which the suite
+/// A store that offers leases and fenced writes (through its [`FencedCas`](crate::backend::FencedCas), which the suite
 /// also checks directly).
 pub trait ConformantStore: crate::ShardStore {}
 impl<T: crate::ShardStore + ?Sized> ConformantStore for T {}

@@ -118,57 +118,7 @@ pub struct ElectorBuilder {
 }
 
 impl ElectorBuilder {
-    /// The lease duration (default 15 s).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How often the leader renews (default `ttl / 3`).
-    pub fn renew_every(mut self, d: Duration) -> Self {
-        self.set.renew_every = Some(d);
-        self
-    }
-
-    /// How long a follower waits at most between attempts while the store fails (default
-    /// `ttl / 5`).
-    pub fn retry_every(mut self, d: Duration) -> Self {
-        self.set.retry_every = Some(d);
-        self
-    }
-
-    /// How often a follower reads the record while the store answers (default 500 ms, at most
-    /// `ttl / 5`); see [`Timing::poll_every`].
-    pub fn poll_every(mut self, d: Duration) -> Self {
-        self.set.poll_every = Some(d);
-        self
-    }
-
-    /// How long before its lease could expire the leader stops acting (default the larger of
-    /// `ttl / 10` and `2 x request_timeout`).
-    pub fn margin(mut self, d: Duration) -> Self {
-        self.set.margin = Some(d);
-        self
-    }
-
-    /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
-    pub fn request_timeout(mut self, d: Duration) -> Self {
-        self.set.request_timeout = Some(d);
-        self
-    }
-
-    /// Sets every duration at once.
-    pub fn timing(mut self, timing: Timing) -> Self {
-        self.ttl = timing.ttl;
-        self.set = TimingOverrides {
-            renew_every: Some(timing.renew_every),
-            retry_every: Some(timing.retry_every),
-            poll_every: Some(timing.poll_every),
-            margin: Some(timing.margin),
-            request_timeout: Some(timing.request_timeout),
-        };
-        self
-    }
+    crate::config::timing_setters!("the election");
 
     /// This candidate's id (default [`HolderId::generate`]).
     pub fn holder_id(mut self, holder: HolderId) -> Self {

@@ -892,21 +892,12 @@ impl Driver {
             if !self.stay(m).await {
                 break;
             }
-            let token = token.unwrap_or(if self.flaw == ShardFlaw::NoReservation && old == 0 {
-                1
-            } else if self.flaw == ShardFlaw::NoReservation {
+            let token = token.unwrap_or(if self.flaw == ShardFlaw::NoReservation {
                 old + 1
             } else {
                 old
             });
-            let record = ShardRecord {
-                v: 1,
-                owner: self.me.clone(),
-                member: m.fence.token.0,
-                state: ShardState::Held,
-                token,
-                nonce: self.rng.next_u64(),
-            };
+            let record = self.record(m, ShardState::Held, token);
             let name = self.names.shard(s);
             match self.put(m, &name, &expected, &record.encode()).await {
                 Ok(Put::Written(revision)) => {
@@ -1001,6 +992,18 @@ impl Driver {
                 }
             }
             m.next_renew = m.next_renew.min(self.pending_renew());
+        }
+    }
+
+    /// A shard record of ours under membership term `m`, with a fresh nonce.
+    fn record(&mut self, m: &Membership, state: ShardState, token: u64) -> ShardRecord {
+        ShardRecord {
+            v: 1,
+            owner: self.me.clone(),
+            member: m.fence.token.0,
+            state,
+            token,
+            nonce: self.rng.next_u64(),
         }
     }
 
@@ -1276,14 +1279,7 @@ impl Driver {
             if !self.stay(m).await {
                 break;
             }
-            let record = ShardRecord {
-                v: 1,
-                owner: self.me.clone(),
-                member: m.fence.token.0,
-                state: ShardState::Released,
-                token,
-                nonce: self.rng.next_u64(),
-            };
+            let record = self.record(m, ShardState::Released, token);
             let name = self.names.shard(s);
             match self
                 .put(m, &name, &Expected::Revision(revision), &record.encode())

@@ -121,56 +121,7 @@ pub struct ShardedElectorBuilder {
 }
 
 impl ShardedElectorBuilder {
-    /// The membership lease's duration (default 15 s).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How often the membership lease is renewed (default `ttl / 3`).
-    pub fn renew_every(mut self, d: Duration) -> Self {
-        self.set.renew_every = Some(d);
-        self
-    }
-
-    /// How long to wait at most between attempts while the store fails (default `ttl / 5`).
-    pub fn retry_every(mut self, d: Duration) -> Self {
-        self.set.retry_every = Some(d);
-        self
-    }
-
-    /// How often the members' records are read to balance shards (default 500 ms, at most
-    /// `ttl / 5`).
-    pub fn poll_every(mut self, d: Duration) -> Self {
-        self.set.poll_every = Some(d);
-        self
-    }
-
-    /// How long before its membership could expire an instance stops acting on its shards
-    /// (default the larger of `ttl / 10` and `2 x request_timeout`).
-    pub fn margin(mut self, d: Duration) -> Self {
-        self.set.margin = Some(d);
-        self
-    }
-
-    /// The limit on each store request (default the smaller of `ttl / 10` and 2 s).
-    pub fn request_timeout(mut self, d: Duration) -> Self {
-        self.set.request_timeout = Some(d);
-        self
-    }
-
-    /// Sets every duration at once.
-    pub fn timing(mut self, timing: Timing) -> Self {
-        self.ttl = timing.ttl;
-        self.set = TimingOverrides {
-            renew_every: Some(timing.renew_every),
-            retry_every: Some(timing.retry_every),
-            poll_every: Some(timing.poll_every),
-            margin: Some(timing.margin),
-            request_timeout: Some(timing.request_timeout),
-        };
-        self
-    }
+    crate::config::timing_setters!("each membership");
 
     /// This instance's id (default [`HolderId::generate`]).
     pub fn holder_id(mut self, holder: HolderId) -> Self {
@@ -269,7 +220,11 @@ pub struct ShardedElector {
 
 impl ShardedElector {
     /// Starts configuring an instance of the `shards` shards of `key` on `store`.
-    pub fn builder(store: Arc<dyn ShardStore>, key: LeaseKey, shards: u32) -> ShardedElectorBuilder {
+    pub fn builder(
+        store: Arc<dyn ShardStore>,
+        key: LeaseKey,
+        shards: u32,
+    ) -> ShardedElectorBuilder {
         ShardedElectorBuilder {
             leases: store.clone().leases(),
             objects: store.objects(),
