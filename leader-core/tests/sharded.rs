@@ -529,3 +529,76 @@ async fn a_shutdown_keeps_shards_until_their_slow_work_has_stopped() {
     assert!(start.elapsed() >= 2 * TTL, "taken before the work stopped");
     stopping.await.unwrap();
 }
+
+/// The memory store as a store that expires leases itself (etcd, ZooKeeper): an expired
+/// member record is deleted by the store (here, by the test).
+#[derive(Debug, Default)]
+struct Expiring {
+    store: MemoryStore,
+}
+
+#[async_trait]
+impl LeaseBackend for Expiring {
+    fn expiry_model(&self) -> leader_core::backend::ExpiryModel {
+        leader_core::backend::ExpiryModel::EnforcedByStore
+    }
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn read_for_term(
+        &self,
+        key: &LeaseKey,
+        _: leader_core::backend::TermId,
+    ) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for Expiring {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.store.put_fenced_if(put).await
+    }
+}
+
+/// Where the store expires a dead member's lease by deleting its record, the record's absence
+/// ends its term: its shards move within a few polls of the expiry, not a ttl later.
+#[tokio::test(start_paused = true)]
+async fn where_the_store_expires_leases_an_expired_member_shards_move_at_once() {
+    let store = Arc::new(Expiring::default());
+    let n = 6;
+    let a = start(&store, "a", n);
+    work(&a);
+    let (b, task) = ShardedElector::builder(store.clone(), key(), n)
+        .ttl(TTL)
+        .holder_id(HolderId::new("b").unwrap())
+        .build()
+        .unwrap()
+        .into_parts();
+    let task = tokio::spawn(task);
+    work(&b);
+    until_checked(&[&a, &b], TTL, balanced(n)).await;
+    task.abort();
+    drop(b);
+    // The store expires b's lease a ttl later and deletes its record.
+    sleep(TTL).await;
+    let status = read_status(store.as_ref(), &key()).await.unwrap().unwrap();
+    let b_record = status
+        .members
+        .iter()
+        .find(|m| m.id.as_str() == "b")
+        .map(|m| m.record.clone())
+        .unwrap();
+    store.store.delete(&b_record);
+    let took = until_checked(&[&a], TTL, all_led(n)).await;
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} after the expiry"
+    );
+}

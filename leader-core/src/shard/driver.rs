@@ -1046,6 +1046,8 @@ impl Driver {
                 }
                 // Released by it, or taken over: its term is over.
                 Ok(Ok(Some(_))) => {}
+                // Expired by a store that enforces expiry: its term is over.
+                Ok(Ok(None)) if self.leases.expiry_model() == ExpiryModel::EnforcedByStore => {}
                 // Deleted: what it claimed is unknown until a ttl has passed (see is_over).
                 Ok(Ok(None)) => {
                     let since = *self.absent.entry((id, seen)).or_insert_with(Instant::now);
@@ -1111,8 +1113,13 @@ impl Driver {
         };
         let term = (owner.clone(), token);
         let Some(stored) = stored else {
-            // Deleted: its member's renews fail from now on, but one sent before may have
-            // given it a deadline up to a ttl away.
+            // Where the store expires leases itself (etcd deletes the key, ZooKeeper the
+            // node), absence is how a term ends: over. Elsewhere an operator deleted it: its
+            // member's renews fail from now on, but one sent before may have given it a
+            // deadline up to a ttl away.
+            if self.leases.expiry_model() == ExpiryModel::EnforcedByStore {
+                return true;
+            }
             let since = *self.absent.entry(term).or_insert_with(Instant::now);
             return since.elapsed() >= ttl;
         };

@@ -13,6 +13,8 @@ use super::records::{Names, Roster, ShardSet, claims_of};
 pub struct MemberStatus {
     /// The member's id.
     pub id: HolderId,
+    /// The key of its membership lease record.
+    pub record: LeaseKey,
     /// Whether its membership record is held by it (a live or not yet expired member).
     pub held: bool,
     /// Its membership term's token (0 if it has no record).
@@ -68,7 +70,8 @@ where
     }
     let mut members = Vec::with_capacity(roster.members.len());
     for id in roster.members {
-        let found = within(DEFAULT_BUDGET, store.read(&names.member(&id)))
+        let record = names.member(&id);
+        let found = within(DEFAULT_BUDGET, store.read(&record))
             .await
             .map_err(|_| timeout("reading a member record"))??;
         let held = found
@@ -84,6 +87,7 @@ where
         }
         members.push(MemberStatus {
             id,
+            record,
             held,
             token: found.as_ref().map_or(FencingToken(0), |s| s.record.token),
             claims,
