@@ -35,7 +35,7 @@ fn every_planted_flaw_is_caught() {
     let cases = [
         ("lagging owner read", ShardFlaw::LaggingOwnerRead, false, 40),
         ("no token reservation", ShardFlaw::NoReservation, false, 40),
-        ("ownership by id alone", ShardFlaw::OwnerById, false, 40),
+        ("ownership by id alone", ShardFlaw::OwnerById, false, 300),
         (
             "absent records ignore claims",
             ShardFlaw::IgnoreClaims,

@@ -59,12 +59,11 @@ pub(crate) struct Parts {
 #[derive(Debug)]
 struct Peer {
     client: LeaseClient,
+    /// Its record is held by it and changed within a ttl on our clock.
     live: bool,
+    /// Read at least once.
+    read: bool,
     claims: ShardSet,
-    /// Its record is released or another holder's: it has left.
-    gone: bool,
-    /// The highest membership token seen in its record: names its latest term.
-    last_token: u64,
 }
 
 #[derive(Debug)]
@@ -128,6 +127,14 @@ pub(crate) struct Driver {
     /// Shards whose record names our membership term, whose adoption failed: tried again.
     adopt_retry: ShardSet,
     highest: u64,
+    /// Whether this instance has seen the roster; and since when it has been written again
+    /// after it vanished.
+    roster_seen: Option<u64>,
+    roster_gap: Option<Instant>,
+    /// The highest membership token seen per member: names its latest term.
+    last_token: HashMap<HolderId, u64>,
+    /// The longest ttl seen in a member record.
+    max_ttl: Duration,
     /// Clients of members' records for ending their terms (rule 3.2), by member.
     reapers: HashMap<HolderId, LeaseClient>,
     /// Membership terms `(member, token)` known to be over.
@@ -165,6 +172,10 @@ impl Driver {
             highest: 0,
             absent: HashMap::new(),
             reapers: HashMap::new(),
+            last_token: HashMap::new(),
+            roster_seen: None,
+            roster_gap: None,
+            max_ttl: p.timing.ttl,
             ended: HashSet::new(),
             my_terms: HashSet::new(),
             shared: None,
@@ -237,10 +248,12 @@ impl Driver {
         info!("sharded instance stopped");
     }
 
-    /// The set this instance claims: what it owns, and what it means to take back.
+    /// The set this instance claims: what it owns, what it means to take back, and what a
+    /// write of ours may still make ours (an unknown outcome, or an adoption to retry).
     fn claims(&self) -> ShardSet {
         let mut set = self.intend.clone();
-        for s in self.owned.keys() {
+        set.union_with(&self.adopt_retry);
+        for s in self.owned.keys().chain(self.uncertain.keys()) {
             set.insert(*s);
         }
         set
@@ -343,6 +356,14 @@ impl Driver {
                         return End::Over;
                     }
                 }
+                _ = sleep(self.real(RELEASE_CHECK)), if self.releasing() => {
+                    // Released shards whose work has stopped: mark them released now, not at
+                    // the next poll.
+                    self.finish_releases(&mut m).await;
+                    if m.over {
+                        return End::Over;
+                    }
+                }
                 _ = sleep_until(next_poll) => {
                     let looked = self.poll(&mut m).await;
                     if m.over {
@@ -360,16 +381,7 @@ impl Driver {
                             shared.publish(|a| a.problem = Some(Problem::from(&e)));
                         }
                     }
-                    let releasing = self
-                        .owned
-                        .values()
-                        .any(|o| matches!(o.state, State::Releasing(_)));
-                    let wait = if releasing {
-                        self.real(RELEASE_CHECK)
-                    } else {
-                        self.rng.duration(poll * 9 / 10, poll * 11 / 10)
-                    };
-                    next_poll = Instant::now() + wait;
+                    next_poll = Instant::now() + self.rng.duration(poll * 9 / 10, poll * 11 / 10);
                 }
             }
         }
@@ -379,14 +391,18 @@ impl Driver {
     /// since (rule 1: act only once the set that includes them is written). Returns `false`
     /// when the membership term is over.
     async fn renew(&mut self, m: &mut Membership) -> bool {
-        let published = self.claims();
+        let mut published = self.claims();
         if let Err(e) = self.member.set_metadata(claims_metadata(&published)) {
+            // Cannot happen within MAX_SHARDS; if it did, nothing new may begin (rule 1c).
             warn!(error = %e, "the claimed set does not fit the record; renewing without it");
+            published = ShardSet::new(self.n);
         }
         let rt = self.real(self.timing.request_timeout);
         let mut backoff = Backoff::new(rt / 8, rt / 2).pauses();
+        // Taken before the first attempt: a grant may come from any attempt's write (one whose
+        // answer was lost), and a host suspend since must shorten it.
+        let anchor = Anchor::now();
         loop {
-            let anchor = Anchor::now();
             let renewal = tokio::select! {
                 biased;
                 _ = sleep_until(m.grant.deadline) => None,
@@ -425,6 +441,13 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Whether a released shard waits for its work to stop, or for its record to be marked.
+    fn releasing(&self) -> bool {
+        self.owned
+            .values()
+            .any(|o| matches!(o.state, State::Releasing(_)))
     }
 
     /// Renews now if a renew is due, so that a long batch of store calls (a slow or busy
@@ -539,7 +562,7 @@ impl Driver {
     /// One look at the roster and the members, then one step towards balance.
     async fn poll(&mut self, m: &mut Membership) -> Result<(), Error> {
         self.finish_releases(m).await;
-        if !self.uncertain.is_empty() || !self.adopt_retry.is_empty() {
+        if !self.uncertain.is_empty() {
             self.check_uncertain(m).await;
         }
         if self.tokens_held {
@@ -550,8 +573,8 @@ impl Driver {
                 self.tokens_held = false;
             }
         }
-        let roster = self.roster(m).await?;
-        self.look_at_peers(&roster).await;
+        let (roster, joined) = self.roster(m).await?;
+        self.look_at_peers(m, &roster).await;
         let live: Vec<&Peer> = self.peers.values().filter(|p| p.live).collect();
         let members = live.len() + 1;
         let n = self.n as usize;
@@ -579,8 +602,9 @@ impl Driver {
             let room = want.saturating_sub(mine);
             // Shards of our own ended term first (rule 6), then free ones in our order.
             let mut candidates: Vec<u32> = self
-                .intend
+                .adopt_retry
                 .iter()
+                .chain(self.intend.iter())
                 .filter(|s| !self.owned.contains_key(s))
                 .collect();
             let mut free: Vec<u32> = (0..self.n)
@@ -588,11 +612,14 @@ impl Driver {
                     !self.owned.contains_key(s)
                         && !claimed.contains(*s)
                         && !self.intend.contains(*s)
+                        && !self.adopt_retry.contains(*s)
                 })
                 .collect();
             free.sort_by_key(|s| std::cmp::Reverse(score(self.my_hash, *s)));
             candidates.extend(free);
-            let take = room.max(self.intend.len()).min(BATCH);
+            let take = room
+                .max(self.intend.len() + self.adopt_retry.len())
+                .min(BATCH);
             candidates.truncate(take);
             debug!(
                 members,
@@ -603,8 +630,9 @@ impl Driver {
                 candidates = candidates.len(),
                 "balance"
             );
-            self.intend = ShardSet::new(self.n);
-            if !candidates.is_empty() {
+            // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
+            if !candidates.is_empty() && joined {
+                self.intend = ShardSet::new(self.n);
                 self.take(m, candidates).await?;
             }
         }
@@ -613,7 +641,7 @@ impl Driver {
     }
 
     /// Reads the roster and joins it if this instance is not in it.
-    async fn roster(&mut self, m: &Membership) -> Result<Vec<HolderId>, Error> {
+    async fn roster(&mut self, m: &Membership) -> Result<(Vec<HolderId>, bool), Error> {
         let name = self.names.roster().clone();
         let found = self.get(&name, "reading the roster").await?;
         let (roster, expected) = match found {
@@ -625,6 +653,7 @@ impl Driver {
                     v: 1,
                     shards: self.n,
                     members: Vec::new(),
+                    created: self.rng.next_u64(),
                 },
                 Expected::Absent,
             ),
@@ -641,40 +670,56 @@ impl Driver {
                 source: None,
             });
         }
-        if !roster.members.contains(&self.me) {
-            let mut joined = roster.clone();
-            joined.members.push(self.me.clone());
-            match self.put(m, &name, &expected, &joined.encode()).await {
-                Ok(Put::Written(_)) => info!(members = joined.members.len(), "joined the roster"),
-                Ok(_) => debug!("the roster changed while joining; trying again"),
-                Err(e) => debug!(error = %e, "could not join the roster yet"),
+        let recreated = match self.roster_seen {
+            Some(created) => expected == Expected::Absent || created != roster.created,
+            None => false,
+        };
+        if recreated {
+            // Deleted (an operator) and written again: until every live member has added
+            // itself again, it does not list everyone whose claims matter (rule 3.2).
+            warn!("the roster was deleted; absent shard records wait a ttl");
+            self.roster_gap = Some(Instant::now());
+        }
+        self.roster_seen = Some(roster.created);
+        if roster.members.contains(&self.me) {
+            return Ok((roster.members, true));
+        }
+        let mut joined = roster.clone();
+        joined.members.push(self.me.clone());
+        match self.put(m, &name, &expected, &joined.encode()).await {
+            Ok(Put::Written(_)) => {
+                info!(members = joined.members.len(), "joined the roster");
+                Ok((joined.members, true))
+            }
+            Ok(_) => {
+                debug!("the roster changed while joining; trying again");
+                Ok((roster.members, false))
+            }
+            Err(e) if is_permanent(&e) => Err(e),
+            Err(e) => {
+                debug!(error = %e, "could not join the roster yet");
+                Ok((roster.members, false))
             }
         }
-        Ok(roster.members)
     }
 
-    /// Removes members that have left (their record absent, released or taken over) from the
-    /// roster, so that it does not grow with every instance that ever ran.
-    async fn prune(&mut self, m: &Membership) {
-        let seen_gone: Vec<HolderId> = self
+    /// Removes members whose term is over from the roster (released, taken over, expired,
+    /// or dead for a ttl and then ended as rule 3.2 ends a term), so that it does not grow
+    /// with every instance that ever ran. A member that comes back adds itself again.
+    async fn prune(&mut self, m: &mut Membership) {
+        let candidates: Vec<(HolderId, u64)> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.gone)
-            .map(|(id, _)| id.clone())
+            .filter(|(_, p)| !p.live && p.read)
+            .map(|(id, _)| (id.clone(), self.last_token.get(id).copied().unwrap_or(0)))
             .collect();
-        // The cheap reads may lag: confirm with a linearizable read that the record is there
-        // and not held by its member (a member that came back is not pruned).
         let mut gone = Vec::new();
-        for id in seen_gone {
-            let key = self.names.member(&id);
-            let read = within(
-                self.real(self.timing.request_timeout),
-                self.leases.read(&key),
-            )
-            .await;
-            if let Ok(Ok(Some(stored))) = read
-                && !(stored.record.is_held() && stored.record.holder == id)
-            {
+        let mut cache = HashMap::new();
+        for (id, token) in candidates {
+            if !self.stay(m).await {
+                return;
+            }
+            if self.is_over(&mut cache, m, &id, token).await {
                 gone.push(id);
             }
         }
@@ -695,7 +740,7 @@ impl Driver {
         {
             info!(
                 removed = gone.len(),
-                "removed members that left from the roster"
+                "removed members whose term is over from the roster"
             );
             for id in gone {
                 self.peers.remove(&id);
@@ -704,12 +749,15 @@ impl Driver {
     }
 
     /// The cheap read of every other member's record (rule 2): who is live, what it claims.
-    async fn look_at_peers(&mut self, roster: &[HolderId]) {
+    async fn look_at_peers(&mut self, m: &mut Membership, roster: &[HolderId]) {
         self.peers.retain(|id, _| roster.contains(id));
         let ttl = self.real(self.timing.ttl);
         for id in roster {
             if *id == self.me {
                 continue;
+            }
+            if !self.stay(m).await {
+                return;
             }
             if !self.peers.contains_key(id) {
                 let Ok(client) = self.peer_client(id) else {
@@ -719,10 +767,11 @@ impl Driver {
                     id.clone(),
                     Peer {
                         client,
-                        live: true,
+                        // Not counted until read: a member that cannot be read must not hold
+                        // the others' targets down.
+                        live: false,
+                        read: false,
                         claims: ShardSet::new(self.n),
-                        gone: false,
-                        last_token: 0,
                     },
                 );
             }
@@ -730,7 +779,16 @@ impl Driver {
             let Some(peer) = self.peers.get_mut(id) else {
                 continue;
             };
-            match peer.client.observe().await {
+            let observed = peer.client.observe().await;
+            if let Ok(Some(s)) = &observed {
+                let token = self.last_token.entry(id.clone()).or_insert(0);
+                *token = (*token).max(s.record.token.0);
+                self.max_ttl = self.max_ttl.max(s.record.ttl);
+            }
+            let Some(peer) = self.peers.get_mut(id) else {
+                continue;
+            };
+            match observed {
                 Ok(found) => {
                     let held_by_it = found
                         .as_ref()
@@ -740,20 +798,15 @@ impl Driver {
                             .client
                             .observed()
                             .is_some_and(|(_, since)| since.elapsed() < ttl);
-                    if let Some(s) = &found {
-                        peer.last_token = peer.last_token.max(s.record.token.0);
-                    }
+                    peer.read = true;
                     peer.live = held_by_it && fresh;
-                    // Left (released by it) or ended by a taker. An absent record is not
-                    // enough: it may be a deletion (see `claims_now`), or a lagging read.
-                    peer.gone = found.is_some() && !held_by_it;
                     peer.claims = found
                         .as_ref()
                         .filter(|_| held_by_it)
                         .and_then(|s| claims_of(n, &s.record.metadata))
                         .unwrap_or_else(|| ShardSet::new(n));
                 }
-                // Unknown: keep what was seen (its claims still count as claims).
+                // Unknown: keep what was seen.
                 Err(e) => debug!(member = %id, error = %e, "could not read a member's record"),
             }
         }
@@ -804,19 +857,31 @@ impl Driver {
         }
         // 2. Who may be acting on each: absent records are checked against the members'
         // claims as they are now (linearizable reads), others against their owner's term.
-        let claims =
-            if found.iter().any(|(_, r)| r.is_none()) && self.flaw != ShardFlaw::IgnoreClaims {
-                self.claims_now().await
-            } else {
-                Some(Vec::new())
-            };
+        let my_term = m.fence.token.0;
+        let ours = |r: &ShardRecord, me: &HolderId, flaw| {
+            r.state == ShardState::Held
+                && r.owner == *me
+                && (r.member == my_term || flaw == ShardFlaw::OwnerById)
+        };
+        let needs_claims = found.iter().any(|(_, r)| match r {
+            None => true,
+            Some((r, _)) => ours(r, &self.me, self.flaw),
+        });
+        let claims = if needs_claims && self.flaw != ShardFlaw::IgnoreClaims {
+            self.claims_now(m).await
+        } else {
+            Some(Vec::new())
+        };
         let mut over: HashMap<(HolderId, u64), bool> = HashMap::new();
         let mut free: Vec<(u32, Expected, u64)> = Vec::new();
-        let mut adopt: Vec<(u32, Expected, u64)> = Vec::new();
         for (s, record) in found {
-            match record {
-                None => {
-                    let Some(claims) = &claims else { continue };
+            if !self.stay(m).await {
+                return Ok(());
+            }
+            // Whether a live member other than us claims the shard (unknown: yes).
+            let claimed = match &claims {
+                None => true,
+                Some(claims) => {
                     let mut blocked = false;
                     for (id, token, set) in claims {
                         if set.contains(s) && !self.is_over(&mut over, m, id, *token).await {
@@ -824,21 +889,29 @@ impl Driver {
                             break;
                         }
                     }
-                    if !blocked {
+                    blocked
+                }
+            };
+            match record {
+                None => {
+                    if !claimed {
                         free.push((s, Expected::Absent, 0));
                     }
                 }
                 Some((r, revision)) if r.state == ShardState::Released => {
                     free.push((s, Expected::Revision(revision), r.token));
                 }
-                Some((r, revision))
-                    if r.owner == self.me
-                        && (r.member == m.fence.token.0 || self.flaw == ShardFlaw::OwnerById) =>
-                {
-                    // Ours already (a write whose answer was lost, or that landed late): adopt
-                    // it with its token, by a write of our own, so that any other write of
-                    // ours still on its way (a release) can no longer land.
-                    adopt.push((s, Expected::Revision(revision), r.token));
+                Some((r, revision)) if ours(&r, &self.me, self.flaw) => {
+                    // Ours already: a write whose answer was lost, or one that landed late
+                    // (perhaps after an operator deleted another member's record of the shard).
+                    // Adopted only if no other live member claims it, by a write of our own
+                    // with a new token, so that no other write of ours still on its way can
+                    // land and the shard's tokens keep rising. Until then it stays claimed.
+                    if claimed {
+                        self.adopt_retry.insert(s);
+                    } else {
+                        free.push((s, Expected::Revision(revision), r.token));
+                    }
                 }
                 Some((r, revision)) => {
                     let ended = self.is_over(&mut over, m, &r.owner, r.member).await;
@@ -847,13 +920,6 @@ impl Driver {
                         free.push((s, Expected::Revision(revision), r.token));
                     }
                 }
-            }
-        }
-        let adopting: Vec<u32> = adopt.iter().map(|(s, _, _)| *s).collect();
-        let mut taken = self.write_held(m, adopt, None).await;
-        for s in adopting {
-            if !self.owned.contains_key(&s) && !self.uncertain.contains_key(&s) {
-                self.adopt_retry.insert(s);
             }
         }
         if !free.is_empty() {
@@ -865,14 +931,12 @@ impl Driver {
                 self.reserve(floor).await?.map(Some)
             };
             if let Some(reserved) = reserved {
-                let n = self.write_held(m, free, reserved).await;
+                let n = self.write_held(m, free, reserved).await?;
                 if n > 0 {
                     info!(taken = n, token = reserved.unwrap_or(0), "took shards");
                 }
-                taken += n;
             }
         }
-        let _ = taken;
         // 4. Publish the new set at once; the terms begin when that renew succeeds.
         m.next_renew = m.next_renew.min(self.pending_renew());
         Ok(())
@@ -886,7 +950,7 @@ impl Driver {
         m: &mut Membership,
         shards: Vec<(u32, Expected, u64)>,
         token: Option<u64>,
-    ) -> usize {
+    ) -> Result<usize, Error> {
         let mut written = 0;
         for (s, expected, old) in shards {
             if !self.stay(m).await {
@@ -903,6 +967,7 @@ impl Driver {
                 Ok(Put::Written(revision)) => {
                     written += 1;
                     self.uncertain.remove(&s);
+                    self.adopt_retry.remove(s);
                     self.owned.insert(
                         s,
                         Owned {
@@ -921,30 +986,30 @@ impl Driver {
                     debug!("the store says our membership term is over; stopping the batch");
                     break;
                 }
+                Err(e) if is_permanent(&e) => return Err(e),
                 Err(e) => debug!(shard = s, error = %e, "could not write a shard record"),
             }
         }
-        written
+        Ok(written)
     }
 
-    /// Shards whose held-write had an unknown outcome, not owned since: if one landed (it
-    /// names us and our membership term), adopt it; once the record has moved on from the
-    /// write's condition, the write can no longer land: forget it. Then the adoptions that
-    /// failed before are tried again: a record naming our term must not stay unled (nobody
-    /// else may take it while we live).
+    /// Shards whose held-write had an unknown outcome, not owned since: once the record has
+    /// moved on from the write's condition, the write can no longer land; if it names our
+    /// term, it goes to the shards to adopt (which [`take`](Self::take) does, with the claims
+    /// check and a new token), else it is forgotten.
     async fn check_uncertain(&mut self, m: &mut Membership) {
-        let mut look: Vec<u32> = self.adopt_retry.iter().collect();
-        self.adopt_retry = ShardSet::new(self.n);
         let pending: Vec<(u32, Expected)> = self
             .uncertain
             .iter()
             .map(|(s, e)| (*s, e.clone()))
             .collect();
-        let mut adopt = Vec::new();
         for (s, sent_on) in pending {
             if self.owned.contains_key(&s) {
                 self.uncertain.remove(&s);
                 continue;
+            }
+            if !self.stay(m).await {
+                return;
             }
             let name = self.names.shard(s);
             let Ok(found) = self.get(&name, "reading a shard record").await else {
@@ -954,44 +1019,14 @@ impl Driver {
                 continue;
             }
             self.uncertain.remove(&s);
-            look.push(s);
-        }
-        look.sort_unstable();
-        look.dedup();
-        for s in look {
-            if self.owned.contains_key(&s) {
-                continue;
-            }
-            let name = self.names.shard(s);
-            let found = match self.get(&name, "reading a shard record").await {
-                Ok(found) => found,
-                Err(_) => {
-                    self.adopt_retry.insert(s);
-                    continue;
-                }
-            };
-            if let Some((bytes, revision)) = found
+            if let Some((bytes, _)) = found
                 && let Ok(r) = ShardRecord::decode(&name, &bytes)
                 && r.owner == self.me
                 && r.member == m.fence.token.0
                 && r.state == ShardState::Held
             {
-                adopt.push((s, Expected::Revision(revision), r.token));
+                self.adopt_retry.insert(s);
             }
-        }
-        if !adopt.is_empty() {
-            let shards: Vec<u32> = adopt.iter().map(|(s, _, _)| *s).collect();
-            let n = self.write_held(m, adopt, None).await;
-            info!(
-                adopted = n,
-                "adopted shards whose record names this instance"
-            );
-            for s in shards {
-                if !self.owned.contains_key(&s) && !self.uncertain.contains_key(&s) {
-                    self.adopt_retry.insert(s);
-                }
-            }
-            m.next_renew = m.next_renew.min(self.pending_renew());
         }
     }
 
@@ -1023,10 +1058,28 @@ impl Driver {
 
     /// Every roster member's record as it is now, for the claims check of absent shard
     /// records: (id, its term's token, its claims). `None` if one could not be read.
-    async fn claims_now(&mut self) -> Option<Vec<(HolderId, u64, ShardSet)>> {
-        let ids: Vec<HolderId> = self.peers.keys().cloned().collect();
+    async fn claims_now(&mut self, m: &mut Membership) -> Option<Vec<(HolderId, u64, ShardSet)>> {
+        // The roster as it is now (a member may have joined since this poll began), and
+        // every member known otherwise.
+        if self
+            .roster_gap
+            .is_some_and(|since| since.elapsed() < self.wait_ttl())
+        {
+            return None;
+        }
+        let name = self.names.roster().clone();
+        let (bytes, _) = self.get(&name, "reading the roster").await.ok()??;
+        let roster = Roster::decode(&name, &bytes).ok()?;
+        let mut ids: Vec<HolderId> = roster.members;
+        ids.extend(self.peers.keys().cloned());
+        ids.sort();
+        ids.dedup();
+        ids.retain(|id| *id != self.me);
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
+            if !self.stay(m).await {
+                return None;
+            }
             let key = self.names.member(&id);
             let read = within(
                 self.real(self.timing.request_timeout),
@@ -1034,24 +1087,23 @@ impl Driver {
             )
             .await;
             // The latest term of it this instance has seen, to time a deletion by.
-            let seen = self.peers.get(&id).map_or(0, |p| p.last_token);
+            let seen = self.last_token.get(&id).copied().unwrap_or(0);
             match read {
-                Ok(Ok(Some(stored))) if stored.record.is_held() && stored.record.holder == id => {
-                    if let Some(p) = self.peers.get_mut(&id) {
-                        p.last_token = p.last_token.max(stored.record.token.0);
-                    }
-                    if let Some(set) = claims_of(self.n, &stored.record.metadata) {
+                Ok(Ok(Some(stored))) => {
+                    self.saw(&id, &stored);
+                    if stored.record.is_held() && stored.record.holder == id {
+                        // Claims that cannot be read are unknown claims.
+                        let set = claims_of(self.n, &stored.record.metadata)?;
                         out.push((id, stored.record.token.0, set));
                     }
+                    // Else released by it, or taken over: its term is over.
                 }
-                // Released by it, or taken over: its term is over.
-                Ok(Ok(Some(_))) => {}
                 // Expired by a store that enforces expiry: its term is over.
                 Ok(Ok(None)) if self.leases.expiry_model() == ExpiryModel::EnforcedByStore => {}
                 // Deleted: what it claimed is unknown until a ttl has passed (see is_over).
                 Ok(Ok(None)) => {
                     let since = *self.absent.entry((id, seen)).or_insert_with(Instant::now);
-                    if since.elapsed() < self.real(self.timing.ttl) {
+                    if since.elapsed() < self.wait_ttl() {
                         return None;
                     }
                 }
@@ -1059,6 +1111,22 @@ impl Driver {
             }
         }
         Some(out)
+    }
+
+    /// Notes what a read of `id`'s member record showed: its latest term, its ttl, and that it
+    /// is not absent now.
+    fn saw(&mut self, id: &HolderId, stored: &Stored) {
+        let token = self.last_token.entry(id.clone()).or_insert(0);
+        *token = (*token).max(stored.record.token.0);
+        self.max_ttl = self.max_ttl.max(stored.record.ttl);
+        self.absent.retain(|(i, _), _| i != id);
+    }
+
+    /// How long an absence or a new term of another member must be seen before its last term
+    /// counts as over: the longest ttl of any member seen (instances of a key may run with
+    /// different ttls), on our clock.
+    fn wait_ttl(&self) -> Duration {
+        self.real(self.timing.ttl.max(self.max_ttl))
     }
 
     /// Whether membership term `token` of `owner` is over (rule 3.2), by a linearizable read
@@ -1098,7 +1166,7 @@ impl Driver {
     /// Rule 3.2 for a term not known over, by a linearizable read of its member's record.
     async fn end_if_over(&mut self, owner: &HolderId, token: u64) -> bool {
         let key = self.names.member(owner);
-        let ttl = self.real(self.timing.ttl);
+        let ttl = self.wait_ttl();
         if self.flaw == ShardFlaw::LaggingOwnerRead {
             return self.flawed_over(owner, token).await;
         }
@@ -1123,6 +1191,8 @@ impl Driver {
             let since = *self.absent.entry(term).or_insert_with(Instant::now);
             return since.elapsed() >= ttl;
         };
+        // Not `saw`: an absence timed for an earlier term must not be forgotten here.
+        self.max_ttl = self.max_ttl.max(stored.record.ttl);
         let current = stored.record.token.0;
         if current > token {
             // A later term on the key. Taken over by another instance (which ended this term
@@ -1213,10 +1283,15 @@ impl Driver {
                 return Ok(None);
             }
         };
-        if let Err(e) = self.tokens.release().await {
-            // Others would wait a ttl for it: release it again at the next look.
-            debug!(error = %e, "could not release the token lease; trying again");
-            self.tokens_held = true;
+        match self.tokens.release().await {
+            Ok(true) => {}
+            // Not known released: others would wait a ttl for it; release it again at the
+            // next look.
+            Ok(false) => self.tokens_held = true,
+            Err(e) => {
+                debug!(error = %e, "could not release the token lease; trying again");
+                self.tokens_held = true;
+            }
         }
         let high = grant.token.0;
         if high <= floor.max(self.highest) {
@@ -1304,6 +1379,9 @@ impl Driver {
                 }
                 Err(e) if e.kind() == ErrorKind::Fenced => {
                     self.owned.remove(&s);
+                }
+                Err(e) if is_permanent(&e) => {
+                    warn!(shard = s, error = %e, "cannot release a shard: this error needs a person");
                 }
                 Err(e) => debug!(shard = s, error = %e, "could not release a shard yet"),
             }

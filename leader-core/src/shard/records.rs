@@ -127,6 +127,10 @@ pub(crate) struct Roster {
     pub(crate) v: u32,
     pub(crate) shards: u32,
     pub(crate) members: Vec<HolderId>,
+    /// Drawn when the roster is created: a different value means it was deleted and written
+    /// again since it was last read.
+    #[serde(default)]
+    pub(crate) created: u64,
 }
 
 impl Roster {

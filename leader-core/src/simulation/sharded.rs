@@ -1,7 +1,8 @@
 //! Deterministic simulation of sharded leadership: several instances of one sharded key on a
 //! fault-injecting store whose follower reads lag on every key, with crashes, restarts under
 //! the same id, frozen processes, partitions, outages, storms, late writes, joins, graceful
-//! leaves and an operator deleting records, under paused tokio time.
+//! leaves and an operator deleting records (shard records, member records, the roster, the
+//! token lease), under paused tokio time.
 //!
 //! Every instance runs a worker per led shard that acts every few milliseconds while its
 //! [`ShardTerm`](crate::ShardTerm) is valid, logging each act. The checkers:
@@ -730,10 +731,11 @@ async fn simulate(config: ShardSimConfig) -> Vec<ShardEvent> {
             }
             // The operator deletes a record: a shard's, the token mark, or a member's.
             _ => {
-                let which = rng.range_u64(0, 2);
+                let which = rng.range_u64(0, 3);
                 let name = match which {
                     0 => format!("sim.s.{}", rng.range_u64(0, u64::from(config.shards) - 1)),
                     1 => "sim.tokens".to_owned(),
+                    2 => "sim.roster".to_owned(),
                     _ => String::new(),
                 };
                 if name == "sim.tokens"
