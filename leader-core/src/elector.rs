@@ -840,9 +840,11 @@ impl Driver {
             let rt = self.real(self.timing.request_timeout);
             let mut backoff = Backoff::new(rt / 8, rt / 2).pauses();
             let mut attempts = 0u32;
+            // Taken before the first attempt: a grant may come from any attempt's write (one
+            // whose answer was lost), and a host suspend since must shorten it.
+            let anchor = Anchor::now();
             loop {
                 attempts += 1;
-                let anchor = Anchor::now();
                 let renewal = tokio::select! {
                     biased;
                     _ = sleep_until(grant.deadline) => None,
