@@ -672,12 +672,25 @@ impl Driver {
         }
         let recreated = match self.roster_seen {
             Some(created) => expected == Expected::Absent || created != roster.created,
-            None => false,
+            // A first look: this process cannot tell a roster written again after a delete
+            // from one that never changed. If the key has a history (its token lease has a
+            // record), absent shard records wait a ttl, in case a member has not listed
+            // itself again yet; on a new key, nothing waits.
+            None => {
+                let history = within(
+                    self.real(self.timing.request_timeout),
+                    self.leases.read(self.names.tokens()),
+                )
+                .await;
+                !matches!(history, Ok(Ok(None)))
+            }
         };
         if recreated {
             // Deleted (an operator) and written again: until every live member has added
             // itself again, it does not list everyone whose claims matter (rule 3.2).
-            warn!("the roster was deleted; absent shard records wait a ttl");
+            if self.roster_seen.is_some() {
+                warn!("the roster was deleted; absent shard records wait a ttl");
+            }
             self.roster_gap = Some(Instant::now());
         }
         self.roster_seen = Some(roster.created);
@@ -715,11 +728,28 @@ impl Driver {
             .collect();
         let mut gone = Vec::new();
         let mut cache = HashMap::new();
-        for (id, token) in candidates {
+        for (id, seen) in candidates {
             if !self.stay(m).await {
                 return;
             }
-            if self.is_over(&mut cache, m, &id, token).await {
+            // The member's current term, by a linearizable read (the cheap view may show an
+            // older one, which may well be over while the member lives on in a newer term).
+            let read = within(
+                self.real(self.timing.request_timeout),
+                self.leases.read(&self.names.member(&id)),
+            )
+            .await;
+            let over = match read {
+                Ok(Ok(Some(stored))) if stored.record.holder == id && stored.record.is_held() => {
+                    self.is_over(&mut cache, m, &id, stored.record.token.0)
+                        .await
+                }
+                // Released by it, or taken over by another instance: left.
+                Ok(Ok(Some(_))) => true,
+                Ok(Ok(None)) => self.is_over(&mut cache, m, &id, seen).await,
+                _ => false,
+            };
+            if over {
                 gone.push(id);
             }
         }
