@@ -741,15 +741,23 @@ pub(crate) async fn supervise(
     }
     if let Some(t) = writer_task {
         t.abort();
+    } else if !backstop_fired {
+        // A short command on a busy machine: the supervisor connected, reported and exited
+        // before this loop accepted its connection. Its reports wait in the socket.
+        if let Ok(Ok((stream, _))) =
+            tokio::time::timeout(Duration::from_millis(200), listener.accept()).await
+        {
+            reader = Some(BufReader::new(stream.into_split().0).lines());
+        }
     }
     // Reports written just before the supervisor exited.
     while let (None, Some(r)) = (done, reader.as_mut()) {
         match r.next_line().await {
-            Ok(Some(line)) => {
-                if let Some(Report::Done(why, code)) = Report::parse(&line) {
-                    done = Some((why, code));
-                }
-            }
+            Ok(Some(line)) => match Report::parse(&line) {
+                Some(Report::Done(why, code)) => done = Some((why, code)),
+                Some(Report::Started(_)) => started = true,
+                None => {}
+            },
             Ok(None) | Err(_) => break,
         }
     }

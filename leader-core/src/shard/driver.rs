@@ -586,10 +586,15 @@ impl Driver {
         }
         self.shared().publish(|a| a.members = members);
         let mine = self.owned.len();
-        // Rule 5: release above the ceiling, or above the floor while someone is below it.
+        let mut held = claimed.clone();
+        held.union_with(&self.claims());
+        let unclaimed = n - held.len();
+        // Rule 5: release above the ceiling, or above the floor while someone is below it and
+        // no shard is free for it to take (else each look would release one more while the
+        // others' published counts catch up).
         let surplus = if mine > hi {
             mine - hi
-        } else if someone_below && mine > lo {
+        } else if someone_below && mine > lo && unclaimed == 0 {
             1
         } else {
             0
