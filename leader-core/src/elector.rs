@@ -301,6 +301,16 @@ impl TermDeadline {
     }
 }
 
+/// Whether a term still allows acting: not cancelled, and before its deadline (earlier by a
+/// host suspend) on the local clock. The one check behind `Term::is_valid`,
+/// `ShardTerm::is_valid` and what the handles hand out.
+pub(crate) fn term_live(
+    cancel: &CancellationToken,
+    deadline: &watch::Receiver<TermDeadline>,
+) -> bool {
+    !cancel.is_cancelled() && Instant::now() < deadline.borrow().effective()
+}
+
 /// Completes when the term is cancelled, or its deadline passes on the local clock (checked
 /// at least every `tick`, so that a suspend is noticed), whichever is first; then the term is
 /// cancelled. Needs nothing from the elector's task.
@@ -385,11 +395,11 @@ impl ElectorHandle {
         let now = self.rx.borrow().clone();
         if let Leadership::Leader { token, .. } = &now {
             // Over at its deadline even if nothing has published it yet.
-            let live = self.shared.term().as_ref().is_some_and(|t| {
-                t.token == *token
-                    && !t.cancel.is_cancelled()
-                    && Instant::now() < t.deadline.borrow().effective()
-            });
+            let live = self
+                .shared
+                .term()
+                .as_ref()
+                .is_some_and(|t| t.token == *token && term_live(&t.cancel, &t.deadline));
             if !live {
                 return Leadership::Unknown { problem: None };
             }
@@ -428,8 +438,7 @@ impl ElectorHandle {
                         // A term past its deadline is over even if the elector's task has
                         // not run yet (a resumed process); wait for it to say so. A term is
                         // handed out once: the next call waits for the next term.
-                        let live = !t.cancel.is_cancelled()
-                            && Instant::now() < t.deadline.borrow().effective();
+                        let live = term_live(&t.cancel, &t.deadline);
                         if t.token == token && live && !t.handed_out {
                             t.handed_out = true;
                             return Ok(Term {
@@ -533,7 +542,7 @@ impl Term {
 
     /// Whether the term still allows acting: not cancelled and before the deadline.
     pub fn is_valid(&self) -> bool {
-        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+        term_live(&self.cancel, &self.deadline)
     }
 
     /// Completes when the term ends: cancelled by the elector, or its deadline reached on the

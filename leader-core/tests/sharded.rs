@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use leader_core::backend::{
     FencedCas, FencedObject, FencedPut, ObjectWrite, Stored, WriteOutcome, WriteRequest,
 };
+use leader_core::simulation::{FaultControl, FaultyStore};
 use leader_core::{
     Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
     ShardTerm, ShardedElector, ShardedHandle, read_status,
@@ -195,58 +196,19 @@ async fn instances_balance_and_hand_over_by_release_not_expiry() {
     assert!(took < TTL / 2, "took {took:?}");
 }
 
-/// The memory store, with a switch that makes every call of one instance fail (a partition).
-#[derive(Debug, Default)]
-struct Cut {
-    store: MemoryStore,
-    cut: std::sync::atomic::AtomicBool,
-}
-
-impl Cut {
-    fn check(&self) -> Result<(), Error> {
-        if self.cut.load(Ordering::Relaxed) {
-            Err(Error::unavailable("partitioned (test)"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[async_trait]
-impl LeaseBackend for Cut {
-    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        self.check()?;
-        self.store.read(key).await
-    }
-    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
-        self.check()?;
-        self.store.write(request).await
-    }
-}
-
-#[async_trait]
-impl FencedCas for Cut {
-    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        self.check()?;
-        self.store.get_fenced(object).await
-    }
-    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        self.check()?;
-        self.store.put_fenced_if(put).await
-    }
+/// The shared memory store as one instance reaches it: the simulation's fault store, whose
+/// control cuts the instance off (a partition) or slows its calls.
+fn through_faults(store: &MemoryStore) -> (Arc<FaultyStore<MemoryStore>>, Arc<FaultControl>) {
+    let control = FaultControl::new();
+    let faulty = FaultyStore::new(store.clone(), 7, vec![control.clone()]);
+    (Arc::new(faulty), control)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_partitioned_instance_stops_by_its_deadline_and_its_shards_move_after_a_ttl() {
     let store = MemoryStore::new();
-    let a_side = Arc::new(Cut {
-        store: store.clone(),
-        ..Cut::default()
-    });
-    let b_side = Arc::new(Cut {
-        store: store.clone(),
-        ..Cut::default()
-    });
+    let (a_side, _) = through_faults(&store);
+    let (b_side, cut_b) = through_faults(&store);
     let n = 12;
     let a = start(&a_side, "a", n);
     let b = start(&b_side, "b", n);
@@ -254,7 +216,7 @@ async fn a_partitioned_instance_stops_by_its_deadline_and_its_shards_move_after_
     work(&b);
     until_checked(&[&a, &b], TTL, balanced(n)).await;
     let before = b.led();
-    b_side.cut.store(true, Ordering::Relaxed);
+    cut_b.update(|f| f.down = true);
     // b still leads until its deadline; a takes b's shards only after a ttl, and never while
     // b leads them.
     let took = until_checked(&[&a, &b], 3 * TTL, |led| led[0].len() == n as usize).await;
@@ -265,7 +227,7 @@ async fn a_partitioned_instance_stops_by_its_deadline_and_its_shards_move_after_
         assert!(after[s] > *old, "shard {s}: token {} after {old}", after[s]);
     }
     // Healed, b takes a new membership term and gets its share back, by release.
-    b_side.cut.store(false, Ordering::Relaxed);
+    cut_b.update(|f| f.down = false);
     until_checked(&[&a, &b], 2 * TTL, balanced(n)).await;
 }
 
@@ -416,43 +378,14 @@ async fn an_instance_with_another_shard_count_stops_with_a_clear_error() {
     }
 }
 
-/// The memory store, with every call taking 30 ms (a slow or busy store).
-#[derive(Debug, Default)]
-struct Slow {
-    store: MemoryStore,
-}
-
-const SLOW: Duration = Duration::from_millis(30);
-
-#[async_trait]
-impl LeaseBackend for Slow {
-    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        sleep(SLOW).await;
-        self.store.read(key).await
-    }
-    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
-        sleep(SLOW).await;
-        self.store.write(request).await
-    }
-}
-
-#[async_trait]
-impl FencedCas for Slow {
-    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        sleep(SLOW).await;
-        self.store.get_fenced(object).await
-    }
-    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        sleep(SLOW).await;
-        self.store.put_fenced_if(put).await
-    }
-}
-
 /// Taking 1,000 shards from a slow store takes many calls; the membership is renewed in the
 /// middle of them, so it is never lost on the way.
 #[tokio::test(start_paused = true)]
 async fn a_slow_store_does_not_starve_the_membership_renew() {
-    let store = Arc::new(Slow::default());
+    // Up to 30 ms before each call reaches the store and as long after: 30 ms a call on
+    // average (a slow or busy store).
+    let (store, slow) = through_faults(&MemoryStore::new());
+    slow.update(|f| f.latency = Duration::from_millis(30));
     let n = 1000;
     let a = start(&store, "a", n);
     let b = start(&store, "b", n);

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Fence, FencedCas, LeaseBackend};
 use crate::config::{ClockRate, Timing, TimingOverrides};
-use crate::elector::{ElectorTask, Problem, Stopped, TermDeadline};
+use crate::elector::{ElectorTask, Problem, Stopped, TermDeadline, term_live};
 use crate::error::ConfigError;
 use crate::lease::LeaseClient;
 use crate::model::{FencingToken, HolderId, LeaseKey};
@@ -281,7 +281,7 @@ pub(crate) struct Slot {
 
 impl Slot {
     fn live(&self) -> bool {
-        !self.cancel.is_cancelled() && Instant::now() < self.deadline.borrow().effective()
+        term_live(&self.cancel, &self.deadline)
     }
 }
 
@@ -492,7 +492,7 @@ impl ShardTerm {
 
     /// Whether the term still allows acting: not ended and before the deadline.
     pub fn is_valid(&self) -> bool {
-        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+        term_live(&self.cancel, &self.deadline)
     }
 
     /// Completes when the term ends: released, lost, or its deadline reached on the local
