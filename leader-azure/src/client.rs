@@ -825,6 +825,10 @@ fn parse_mark(name: &str, body: &[u8]) -> Result<u64, Error> {
 
 #[async_trait]
 impl LeaseBackend for AzureLeaseStore {
+    fn name(&self) -> &'static str {
+        "azure"
+    }
+
     fn expiry_model(&self) -> ExpiryModel {
         ExpiryModel::EnforcedByStore
     }

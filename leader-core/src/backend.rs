@@ -167,6 +167,13 @@ pub enum ExpiryModel {
 /// recognised only while the server lease is still the term's.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync + fmt::Debug {
+    /// A short name of the kind of store, the `backend` label of the suite's
+    /// [metrics](crate::metrics): `memory`, `file`, `azure`, `dynamodb`, `gcs`, `etcd`,
+    /// `zookeeper`. The default is `custom`.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
     /// Who decides that a lease has expired; see [`ExpiryModel`].
     fn expiry_model(&self) -> ExpiryModel {
         ExpiryModel::ObservedByFollowers

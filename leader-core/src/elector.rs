@@ -16,6 +16,7 @@ use crate::clock::Anchor;
 use crate::config::{ClockRate, Timing, TimingOverrides};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
+use crate::metrics::{ElectionMetrics, StoreContact, secs};
 use crate::model::{FencingToken, HolderId, LeaseKey, Metadata};
 use crate::rand::Rng;
 
@@ -165,11 +166,13 @@ impl ElectorBuilder {
             });
         }
         let holder = self.holder.unwrap_or_else(HolderId::generate);
+        let metrics = ElectionMetrics::new(&self.key, &holder, &*self.backend);
         let mut client = LeaseClient::new(self.backend, self.key, holder, timing)?
             .with_clock(self.clock, self.seed.map(|s| s ^ 0x5eed));
         client.set_metadata(self.metadata)?;
         Ok(Elector {
             client,
+            metrics,
             timing,
             clock: self.clock,
             rng: self.seed.map_or_else(Rng::from_entropy, Rng::seeded),
@@ -198,6 +201,7 @@ impl ElectorBuilder {
 #[derive(Debug)]
 pub struct Elector {
     client: LeaseClient,
+    metrics: ElectionMetrics,
     timing: Timing,
     clock: ClockRate,
     rng: Rng,
@@ -250,6 +254,8 @@ impl Elector {
             term: Mutex::new(None),
             key: self.client.key().clone(),
             holder: self.client.holder().clone(),
+            answered: self.client.store_contact(),
+            metrics: self.metrics,
         });
         let span = info_span!("elector", key = %shared.key, holder = %shared.holder);
         let changes = self.client.changes();
@@ -262,6 +268,7 @@ impl Elector {
             shared: shared.clone(),
             commands: commands_rx,
             cooldown_until: None,
+            last_term: None,
         };
         let handle = ElectorHandle {
             shared,
@@ -351,14 +358,31 @@ struct Shared {
     term: Mutex<Option<TermShared>>,
     key: LeaseKey,
     holder: HolderId,
+    answered: StoreContact,
+    metrics: ElectionMetrics,
 }
 
 impl Shared {
+    /// Sets the gauges from the leadership about to be published: leading only while
+    /// [`Leadership::Leader`], and the token of this term or of the leader seen.
+    fn gauges(&self, state: &Leadership) {
+        let m = &self.metrics;
+        m.is_leader.set(if state.is_leader() { 1.0 } else { 0.0 });
+        match state {
+            Leadership::Leader { token, .. } => m.token.set(token.get() as f64),
+            Leadership::Follower {
+                leader: Some(leader),
+            } => m.token.set(leader.token.get() as f64),
+            _ => {}
+        }
+    }
+
     fn term(&self) -> MutexGuard<'_, Option<TermShared>> {
         self.term.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn publish(&self, state: Leadership) {
+        self.gauges(&state);
         self.tx.send_if_modified(|current| {
             if *current == state {
                 false
@@ -410,6 +434,12 @@ impl ElectorHandle {
     /// This candidate's holder id.
     pub fn holder_id(&self) -> &HolderId {
         &self.shared.holder
+    }
+
+    /// When the store last answered this elector's calls (follows it as it runs): a
+    /// readiness check can call the store reachable if it answered within the last ttl.
+    pub fn store_contact(&self) -> StoreContact {
+        self.shared.answered.clone()
     }
 
     /// The lease key.
@@ -575,13 +605,16 @@ async fn watchdog(
     if term.as_ref().is_some_and(|t| t.token == token) {
         *term = None;
         drop(term);
-        shared.tx.send_if_modified(|current| {
+        let ended = shared.tx.send_if_modified(|current| {
             let ours = matches!(current, Leadership::Leader { token: t, .. } if *t == token);
             if ours {
                 *current = Leadership::Unknown { problem: None };
             }
             ours
         });
+        if ended {
+            shared.metrics.is_leader.set(0.0);
+        }
     }
 }
 
@@ -595,6 +628,7 @@ impl Drop for TaskGuard {
         if let Some(t) = self.0.term().take() {
             t.cancel.cancel();
         }
+        self.0.metrics.is_leader.set(0.0);
         self.0.tx.send_if_modified(|current| {
             if matches!(current, Leadership::Stopped { .. }) {
                 return false;
@@ -642,6 +676,22 @@ struct Driver {
     cooldown_until: Option<Instant>,
     /// The store's change hints for the key, if it gives them.
     changes: Option<Changes>,
+    /// The last term this candidate saw (its own included): where a time without a leader
+    /// starts.
+    last_term: Option<LastTerm>,
+}
+
+/// The last term a candidate saw, for the time without a leader.
+#[derive(Clone, Copy, Debug)]
+struct LastTerm {
+    token: FencingToken,
+    /// The first sight of its latest held record: its last sign of life.
+    alive_at: Instant,
+    /// The last read that showed it held.
+    read_held_at: Instant,
+    /// When it ended as far as this candidate can tell: the last read that still showed it
+    /// held, once a read has shown it released.
+    released_at: Option<Instant>,
 }
 
 /// The shortest time between two reads of a follower woken by change hints.
@@ -669,7 +719,21 @@ impl Driver {
                     break;
                 }
             };
-            match self.lead(grant, anchor).await {
+            let token = grant.token;
+            let started = Instant::now();
+            let end = self.lead(grant, anchor).await;
+            let now = Instant::now();
+            self.shared
+                .metrics
+                .term_duration
+                .record(secs(now - started));
+            self.last_term = Some(LastTerm {
+                token,
+                alive_at: now,
+                read_held_at: now,
+                released_at: None,
+            });
+            match end {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Resigned => {
                     self.cooldown_until = Some(Instant::now() + self.clock.real(self.timing.ttl));
@@ -683,6 +747,34 @@ impl Driver {
 
     fn real(&self, d: Duration) -> Duration {
         self.clock.real(d)
+    }
+
+    /// Notes a record of term `token` (`held` or released) read at `now`, whose revision was
+    /// first seen at `first_seen`. A new held term ends the time without a leader, which
+    /// began when the term before was last seen alive: at its release (as the last read that
+    /// still showed it held), else at its last renew (the first sight of its latest record).
+    fn saw_term(&mut self, token: FencingToken, held: bool, first_seen: Instant, now: Instant) {
+        if let Some(last) = self.last_term.as_mut().filter(|l| l.token == token) {
+            if held {
+                last.alive_at = first_seen;
+                last.read_held_at = now;
+                last.released_at = None;
+            } else if last.released_at.is_none() {
+                last.released_at = Some(last.read_held_at);
+            }
+            return;
+        }
+        if let Some(last) = self.last_term.filter(|_| held) {
+            let since = last.released_at.unwrap_or(last.alive_at);
+            let gap = first_seen.saturating_duration_since(since);
+            self.shared.metrics.leaderless.record(secs(gap));
+        }
+        self.last_term = Some(LastTerm {
+            token,
+            alive_at: first_seen,
+            read_held_at: now,
+            released_at: (!held).then_some(now),
+        });
     }
 
     /// Campaigns until this candidate holds the lease or shutdown begins.
@@ -718,6 +810,12 @@ impl Driver {
             };
             let mut next = match attempt {
                 Ok(Acquisition::Acquired(grant)) => {
+                    let now = Instant::now();
+                    if let Some((stored, seen)) = self.client.replaced() {
+                        let (token, held) = (stored.record.token, stored.record.is_held());
+                        self.saw_term(token, held, seen, now);
+                    }
+                    self.saw_term(grant.token, true, now, now);
                     if self.shared.shutdown.is_cancelled() {
                         let _ = self.client.release().await;
                         return FollowEnd::Shutdown;
@@ -733,6 +831,10 @@ impl Driver {
                         failing = false;
                     }
                     backoff.reset();
+                    if let Some((stored, seen)) = self.client.observed() {
+                        let (token, held) = (stored.record.token, stored.record.is_held());
+                        self.saw_term(token, held, seen, Instant::now());
+                    }
                     self.shared.publish(Leadership::Follower { leader });
                     let wait = self.rng.duration(shortest, poll * 11 / 10);
                     shortest = poll;
@@ -807,6 +909,7 @@ impl Driver {
             token,
             deadline: grant.deadline,
         });
+        self.shared.metrics.terms_started.increment(1);
         info!(%token, "became leader");
         let validity = self.real(self.timing.term_validity());
         let renew_every = self.real(self.timing.renew_every);
@@ -854,12 +957,19 @@ impl Driver {
             let anchor = Anchor::now();
             loop {
                 attempts += 1;
+                let sent = Instant::now();
                 let renewal = tokio::select! {
                     biased;
                     _ = sleep_until(grant.deadline) => None,
                     _ = cancel.cancelled() => None,
                     r = self.client.renew() => Some(r),
                 };
+                if renewal.is_some() {
+                    self.shared
+                        .metrics
+                        .renew_duration
+                        .record(secs(sent.elapsed()));
+                }
                 match renewal {
                     None | Some(Ok(Renewal::Expired)) => {
                         self.end_term(&cancel, "deadline passed before a renew succeeded", None);
@@ -874,6 +984,8 @@ impl Driver {
                             let left = grant.deadline.saturating_duration_since(Instant::now());
                             warn!(%token, attempts, ?left, "renewed late: it took several attempts; this much was left before the deadline");
                         }
+                        let slack = grant.deadline.saturating_duration_since(Instant::now());
+                        self.shared.metrics.renew_slack.record(secs(slack));
                         grant = g;
                         deadline_tx.send_replace(TermDeadline {
                             at: grant.deadline,

@@ -628,6 +628,10 @@ fn lock_path(path: &Path) -> PathBuf {
 
 #[async_trait]
 impl LeaseBackend for FileStore {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         let path = self.lease_path(key);
         let key = key.clone();

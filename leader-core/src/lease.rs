@@ -13,6 +13,7 @@ use crate::backend::{
 use crate::call::within;
 use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error};
+use crate::metrics::{Op, StoreContact, StoreMetrics};
 use crate::model::{
     FencingToken, HolderId, LeaseKey, LeaseRecord, LeaseState, Metadata, TermId, WriteNonce,
     validate_metadata, wall_clock_unix_ms,
@@ -122,9 +123,12 @@ pub struct LeaseClient {
     clock: ClockRate,
     rng: Rng,
     observed: Option<Observation>,
+    /// What was observed before the last successful acquire (the record it replaced).
+    replaced: Option<Observation>,
     held: Option<HeldTerm>,
     own: VecDeque<OwnWrite>,
     highest_seen: FencingToken,
+    metrics: StoreMetrics,
 }
 
 impl LeaseClient {
@@ -138,9 +142,25 @@ impl LeaseClient {
         holder: HolderId,
         timing: Timing,
     ) -> Result<Self, ConfigError> {
+        let count_as = key.clone();
+        Self::counted_as(backend, key, holder, timing, &count_as)
+    }
+
+    /// [`new`](Self::new), with the store calls counted under the metric labels of
+    /// `count_as` (a sharded member's calls count under the sharded key, not its membership
+    /// record's).
+    pub(crate) fn counted_as(
+        backend: Arc<dyn LeaseBackend>,
+        key: LeaseKey,
+        holder: HolderId,
+        timing: Timing,
+        count_as: &LeaseKey,
+    ) -> Result<Self, ConfigError> {
         timing.validate()?;
         backend.check_timing(&timing)?;
+        let metrics = StoreMetrics::new(count_as, &holder, &*backend);
         Ok(Self {
+            metrics,
             backend,
             key,
             holder,
@@ -149,6 +169,7 @@ impl LeaseClient {
             clock: ClockRate(1.0),
             rng: Rng::from_entropy(),
             observed: None,
+            replaced: None,
             held: None,
             own: VecDeque::with_capacity(OWN_WRITES),
             highest_seen: FencingToken(0),
@@ -183,6 +204,11 @@ impl LeaseClient {
         &self.holder
     }
 
+    /// When the store last answered one of this client's calls.
+    pub(crate) fn store_contact(&self) -> StoreContact {
+        self.metrics.answered()
+    }
+
     /// The store's change hints for this key ([`LeaseBackend::changes`]).
     pub(crate) fn changes(&self) -> Option<crate::backend::Changes> {
         self.backend.changes(&self.key)
@@ -192,6 +218,12 @@ impl LeaseClient {
     /// revision), as follower reads left it.
     pub(crate) fn observed(&self) -> Option<(&Stored, Instant)> {
         self.observed.as_ref().map(|o| (&o.stored, o.first_seen))
+    }
+
+    /// The record the last successful acquire replaced, as last observed, and since when
+    /// its revision had been seen; `None` if there was none (or it was not read first).
+    pub(crate) fn replaced(&self) -> Option<(&Stored, Instant)> {
+        self.replaced.as_ref().map(|o| (&o.stored, o.first_seen))
     }
 
     /// The expiry model of the store.
@@ -252,8 +284,9 @@ impl LeaseClient {
             limit,
             self.backend.read_if_changed(&self.key, known.as_ref()),
         )
-        .await
-        .map_err(|_| Error::Timeout {
+        .await;
+        self.metrics.count(Op::Read, &found);
+        let found = found.map_err(|_| Error::Timeout {
             operation: "reading the lease record",
             after: self.timing.request_timeout,
         })??;
@@ -286,12 +319,12 @@ impl LeaseClient {
 
     async fn read_for_term(&mut self, term: TermId) -> Result<Option<Stored>, Error> {
         let limit = self.request_timeout();
-        let result = within(limit, self.backend.read_for_term(&self.key, term))
-            .await
-            .map_err(|_| Error::Timeout {
-                operation: "re-reading the lease record",
-                after: self.timing.request_timeout,
-            })??;
+        let result = within(limit, self.backend.read_for_term(&self.key, term)).await;
+        self.metrics.count(Op::Read, &result);
+        let result = result.map_err(|_| Error::Timeout {
+            operation: "re-reading the lease record",
+            after: self.timing.request_timeout,
+        })??;
         if let Some(stored) = &result {
             self.note(stored);
         }
@@ -422,6 +455,7 @@ impl LeaseClient {
         let own = OwnWrite { nonce, sent, term };
         self.remember(own);
         let outcome = within(self.request_timeout(), self.backend.write(request)).await;
+        self.metrics.count(Op::Acquire, &outcome);
         let stored = match outcome {
             Ok(Ok(WriteOutcome::Written(stored))) => stored,
             Ok(Ok(WriteOutcome::Conflict { current })) => match current {
@@ -478,7 +512,7 @@ impl LeaseClient {
         }
         info!(key = %self.key, holder = %self.holder, token = %grant.token, "acquired the lease");
         self.held = Some(held);
-        self.observed = None;
+        self.replaced = self.observed.take();
         Ok(Acquisition::Acquired(grant))
     }
 
@@ -547,7 +581,9 @@ impl LeaseClient {
             term: held.term,
         });
         // `refused`: the store answered with a conflict, so this write was not applied.
-        let (current, refused) = match within(budget, self.backend.write(request)).await {
+        let outcome = within(budget, self.backend.write(request)).await;
+        self.metrics.count(Op::Renew, &outcome);
+        let (current, refused) = match outcome {
             Ok(Ok(WriteOutcome::Written(stored))) => {
                 return Ok(self.renewed(held.term, stored, sent));
             }
@@ -606,7 +642,9 @@ impl LeaseClient {
         let budget = self
             .request_timeout()
             .min(deadline.saturating_duration_since(Instant::now()));
-        match within(budget, self.backend.read_for_term(&self.key, term)).await {
+        let result = within(budget, self.backend.read_for_term(&self.key, term)).await;
+        self.metrics.count(Op::Read, &result);
+        match result {
             Ok(Ok(found)) => {
                 if let Some(s) = &found {
                     self.note(s);
@@ -697,7 +735,9 @@ impl LeaseClient {
             sent: Instant::now(),
             term: held.term,
         });
-        let released = match within(self.request_timeout(), self.backend.write(request)).await {
+        let outcome = within(self.request_timeout(), self.backend.write(request)).await;
+        self.metrics.count(Op::Release, &outcome);
+        let released = match outcome {
             Ok(Ok(WriteOutcome::Written(_))) => true,
             Ok(Ok(WriteOutcome::Conflict { current })) => {
                 current.is_some_and(|c| c.record.nonce == nonce && c.record.holder == self.holder)

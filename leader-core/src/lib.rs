@@ -64,6 +64,7 @@ mod fence;
 mod file;
 mod lease;
 mod memory;
+pub mod metrics;
 mod model;
 mod rand;
 mod shard;
@@ -85,6 +86,7 @@ pub use fence::{FenceGate, StaleToken};
 pub use file::{FileStore, FileStoreBuilder};
 pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 pub use memory::MemoryStore;
+pub use metrics::StoreContact;
 pub use model::{
     FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, Metadata,
     ObjectName, validate_metadata, wall_clock_unix_ms,

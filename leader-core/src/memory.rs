@@ -99,6 +99,10 @@ impl MemoryStore {
 
 #[async_trait]
 impl LeaseBackend for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         let state = self.lock();
         state

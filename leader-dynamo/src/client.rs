@@ -610,6 +610,10 @@ enum Consistency {
 
 #[async_trait]
 impl LeaseBackend for DynamoStore {
+    fn name(&self) -> &'static str {
+        "dynamodb"
+    }
+
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
         self.read_lease(key, Consistency::Strong).await
     }

@@ -384,6 +384,10 @@ async fn watch(rpc: Rpc, key: Vec<u8>, notifier: ChangeNotifier) {
 
 #[async_trait]
 impl LeaseBackend for EtcdStore {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
     fn expiry_model(&self) -> ExpiryModel {
         ExpiryModel::EnforcedByStore
     }

@@ -293,6 +293,10 @@ impl<S: Stub + 'static> GcsStore<S> {
 
 #[async_trait]
 impl<S: Stub + 'static> LeaseBackend for GcsStore<S> {
+    fn name(&self) -> &'static str {
+        "gcs"
+    }
+
     /// GCS allows about one write per second to an object: `renew_every` must be at least
     /// 1 s, and the elector's request timeout must leave room for this store's.
     fn check_timing(&self, timing: &Timing) -> Result<(), ConfigError> {

@@ -778,6 +778,10 @@ fn to_stored(
 
 #[async_trait]
 impl LeaseBackend for ZooKeeperStore {
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
     /// ZooKeeper enforces expiry: a lease node is ephemeral, and goes with the session of its
     /// term (which ends a ttl after the term's last write, or when it expires).
     fn expiry_model(&self) -> ExpiryModel {

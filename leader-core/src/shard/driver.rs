@@ -199,6 +199,8 @@ impl Driver {
             shutdown: CancellationToken::new(),
             slots: Mutex::new(BTreeMap::new()),
             tx,
+            shards_led: crate::metrics::shards_led(self.names.key(), &self.me, &*self.leases),
+            answered: self.member.store_contact(),
         });
         self.shared = Some(shared.clone());
         let span =
@@ -218,6 +220,8 @@ impl Driver {
                 shutdown: CancellationToken::new(),
                 slots: Mutex::new(BTreeMap::new()),
                 tx,
+                shards_led: ::metrics::Gauge::noop(),
+                answered: self.member.store_contact(),
             })
         })
     }
@@ -848,11 +852,12 @@ impl Driver {
     }
 
     fn peer_client(&self, id: &HolderId) -> Result<LeaseClient, Error> {
-        LeaseClient::new(
+        LeaseClient::counted_as(
             self.leases.clone(),
             self.names.member(id),
             self.me.clone(),
             self.timing,
+            self.names.key(),
         )
         .map(|c| c.with_clock(self.clock, None))
         .map_err(|e| Error::InvalidConfig {

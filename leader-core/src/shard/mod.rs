@@ -170,18 +170,21 @@ impl ShardedElectorBuilder {
         let timing = Timing::resolve(self.ttl, &self.set);
         let names = records::Names::new(&self.key)?;
         let holder = self.holder.unwrap_or_else(HolderId::generate);
-        let member = LeaseClient::new(
+        // The store calls count under the sharded key.
+        let member = LeaseClient::counted_as(
             self.leases.clone(),
             names.member(&holder),
             holder.clone(),
             timing,
+            &self.key,
         )?
         .with_clock(self.clock, self.seed.map(|s| s ^ 0x5eed));
-        let tokens = LeaseClient::new(
+        let tokens = LeaseClient::counted_as(
             self.leases.clone(),
             names.tokens().clone(),
             holder.clone(),
             timing,
+            &self.key,
         )?
         .with_clock(self.clock, self.seed.map(|s| s ^ 0x70c3));
         Ok(ShardedElector {
@@ -294,6 +297,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     pub(crate) slots: Mutex<BTreeMap<u32, Slot>>,
     pub(crate) tx: watch::Sender<Assignment>,
+    /// The metric of how many shards are led, set with every publication.
+    pub(crate) shards_led: ::metrics::Gauge,
+    pub(crate) answered: crate::metrics::StoreContact,
 }
 
 impl Shared {
@@ -309,6 +315,7 @@ impl Shared {
             .filter(|(_, slot)| !slot.cancel.is_cancelled())
             .map(|(s, slot)| (*s, slot.fence.token))
             .collect();
+        self.shards_led.set(led.len() as f64);
         self.tx.send_if_modified(|a| {
             let mut next = a.clone();
             next.led = led;
@@ -352,6 +359,12 @@ impl ShardedHandle {
     /// This instance's id.
     pub fn holder_id(&self) -> &HolderId {
         &self.shared.holder
+    }
+
+    /// When the store last answered this instance's membership calls (follows it as it
+    /// runs): the input of a readiness check.
+    pub fn store_contact(&self) -> crate::metrics::StoreContact {
+        self.shared.answered.clone()
     }
 
     /// The key.
