@@ -4,6 +4,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line program
 
 mod demo;
+mod endpoints;
 mod process_tree;
 mod run;
 mod sharded;

@@ -5,6 +5,7 @@
 //! separate and how each way of stopping `leader` is handled.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard};
@@ -27,7 +28,7 @@ use tracing::{error, info, warn};
 
 use crate::process_tree::{boottime_ns, descendants_outside};
 use crate::supervisor::{Ended, Report, Request};
-use crate::{Exit, exit, store};
+use crate::{Exit, endpoints, exit, store};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -77,6 +78,12 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
     pub(crate) shards: Option<u32>,
+    /// Serve Prometheus metrics at /metrics, and /healthz, /readyz and /leader, on HOST:PORT
+    /// (an IP address; 0.0.0.0 for every interface), or on a port alone (9464) of the
+    /// loopback address. Port 0 picks a free port (logged as metrics_addr=).
+    #[arg(long, env = "LEADER_METRICS_ADDR", value_name = "HOST:PORT",
+          value_parser = crate::endpoints::parse_addr)]
+    pub(crate) metrics_addr: Option<SocketAddr>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
@@ -299,6 +306,15 @@ pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, E
         .map(HolderId::new)
         .transpose()
         .map_err(config)?;
+    // Before the elector is built (its metrics register then) and before campaigning (a
+    // taken port ends the run before it leads).
+    let endpoint = match args.metrics_addr {
+        Some(addr) => Some(Endpoint {
+            listener: endpoints::bind(addr).await?,
+            prometheus: endpoints::install_recorder()?,
+        }),
+        None => None,
+    };
     if let Some(shards) = args.shards {
         let plan = crate::sharded::Plan {
             shards,
@@ -306,13 +322,14 @@ pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, E
             grace,
             holder,
             log_format,
+            endpoint,
         };
         return crate::sharded::run(&args, &url, plan).await;
     }
     let (backend, key) = store::open(&url, &args.store_options).await?;
     let mut builder = Elector::builder(backend.clone(), key.clone())
         .timing(planned)
-        .metadata(meta);
+        .metadata(meta.clone());
     if let Some(holder) = holder {
         builder = builder.holder_id(holder);
     }
@@ -335,6 +352,19 @@ pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, E
     let mut signals = Signals::new()?;
     let handle = elector.spawn();
     let holder = handle.holder_id().clone();
+    if let Some(e) = endpoint {
+        let instance = endpoints::Instance {
+            key: key.clone(),
+            holder: holder.clone(),
+            ttl: timing.ttl,
+            contact: handle.store_contact(),
+            source: endpoints::Source::Single {
+                leadership: handle.leadership(),
+                metadata: meta,
+            },
+        };
+        endpoints::serve(e.listener, e.prometheus, instance);
+    }
     info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, ?grace, "campaigning");
     let wait_until = match args.wait {
         Some(w) => Some(
@@ -429,6 +459,12 @@ pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, E
             Outcome::SupervisorLost(_) => return Ok(exit::LOST),
         }
     }
+}
+
+/// `--metrics-addr`, bound, with the recorder installed.
+pub(crate) struct Endpoint {
+    pub(crate) listener: tokio::net::TcpListener,
+    pub(crate) prometheus: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -41,6 +41,8 @@ pub(crate) struct Plan {
     pub(crate) grace: Duration,
     pub(crate) holder: Option<HolderId>,
     pub(crate) log_format: &'static str,
+    /// `--metrics-addr`, if given.
+    pub(crate) endpoint: Option<crate::run::Endpoint>,
 }
 
 /// The first pause before a command that exited is started again.
@@ -88,6 +90,19 @@ pub(crate) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8
 
     let mut signals = Signals::new()?;
     let handle = elector.spawn();
+    if let Some(e) = plan.endpoint {
+        let instance = crate::endpoints::Instance {
+            key: key.clone(),
+            holder: handle.holder_id().clone(),
+            ttl: timing.ttl,
+            contact: handle.store_contact(),
+            source: crate::endpoints::Source::Sharded {
+                assignment: handle.assignment(),
+                shards: plan.shards,
+            },
+        };
+        crate::endpoints::serve(e.listener, e.prometheus, instance);
+    }
     let ctx = Arc::new(Ctx {
         command: args.command.clone(),
         store: args.store.clone(),
