@@ -24,10 +24,13 @@ use tracing::debug;
 use crate::error::{Error, ErrorKind};
 use crate::rand::Rng;
 
+/// Told of every attempt that a [`Call`] retries (the metrics count it as a request).
+pub(crate) type RetryHook = std::sync::Arc<dyn Fn(&Error) + Send + Sync>;
+
 tokio::task_local! {
     /// The deadline and the budget of the store call the current task is making, set by
-    /// [`within`].
-    static SCOPE: (Instant, Duration);
+    /// [`within`], and who is told of its retried attempts.
+    static SCOPE: (Instant, Duration, Option<RetryHook>);
 }
 
 /// The time a store call may take when no caller said (outside [`within`]): 2 s, the
@@ -38,7 +41,7 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
 /// else [`DEFAULT_BUDGET`] from now.
 pub fn call_deadline() -> Instant {
     SCOPE
-        .try_with(|(deadline, _)| *deadline)
+        .try_with(|(deadline, _, _)| *deadline)
         .unwrap_or_else(|_| Instant::now() + DEFAULT_BUDGET)
 }
 
@@ -51,7 +54,7 @@ pub(crate) fn in_scope() -> bool {
 /// else [`DEFAULT_BUDGET`].
 pub fn call_budget() -> Duration {
     SCOPE
-        .try_with(|(_, budget)| *budget)
+        .try_with(|(_, budget, _)| *budget)
         .unwrap_or(DEFAULT_BUDGET)
 }
 
@@ -64,10 +67,32 @@ pub fn call_budget() -> Duration {
 /// # Cancel safety
 /// As cancel-safe as `call`.
 pub async fn within<F: Future>(budget: Duration, call: F) -> Result<F::Output, Elapsed> {
+    within_hooked(budget, None, call).await
+}
+
+/// [`within`], telling `hook` of every attempt the backend's [`Call`]s retry.
+pub(crate) async fn within_hooked<F: Future>(
+    budget: Duration,
+    hook: Option<RetryHook>,
+    call: F,
+) -> Result<F::Output, Elapsed> {
     let deadline = Instant::now() + budget;
     SCOPE
-        .scope((deadline, budget), tokio::time::timeout_at(deadline, call))
+        .scope(
+            (deadline, budget, hook),
+            tokio::time::timeout_at(deadline, call),
+        )
         .await
+}
+
+/// Tells the hook of the current [`within_hooked`], if any, that an attempt failed with
+/// `error` and will be retried.
+fn retried(error: &Error) {
+    let _ = SCOPE.try_with(|(_, _, hook)| {
+        if let Some(hook) = hook {
+            hook(error);
+        }
+    });
 }
 
 /// Exponential backoff with jitter: each pause is drawn from `[d/2, d]`, and `d` doubles from
@@ -251,6 +276,7 @@ impl Call {
                 return Err(error);
             }
             debug!(what = self.what, error = %error, "retrying within the call's time");
+            retried(&error);
             tokio::time::sleep_until(resume).await;
         }
     }

@@ -10,7 +10,6 @@ use tracing::{debug, info, warn};
 use crate::backend::{
     Expected, ExpiryModel, IfChanged, LeaseBackend, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
-use crate::call::within;
 use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error};
 use crate::metrics::{Op, StoreContact, StoreMetrics};
@@ -280,12 +279,14 @@ impl LeaseClient {
     async fn look(&mut self) -> Result<(Option<Stored>, Instant), Error> {
         let limit = self.request_timeout();
         let known = self.observed.as_ref().map(|o| o.stored.revision.clone());
-        let found = within(
-            limit,
-            self.backend.read_if_changed(&self.key, known.as_ref()),
-        )
-        .await;
-        self.metrics.count(Op::Read, &found);
+        let found = self
+            .metrics
+            .call(
+                Op::Read,
+                limit,
+                self.backend.read_if_changed(&self.key, known.as_ref()),
+            )
+            .await;
         let found = found.map_err(|_| Error::Timeout {
             operation: "reading the lease record",
             after: self.timing.request_timeout,
@@ -319,8 +320,8 @@ impl LeaseClient {
 
     async fn read_for_term(&mut self, term: TermId) -> Result<Option<Stored>, Error> {
         let limit = self.request_timeout();
-        let result = within(limit, self.backend.read_for_term(&self.key, term)).await;
-        self.metrics.count(Op::Read, &result);
+        let read = self.backend.read_for_term(&self.key, term);
+        let result = self.metrics.call(Op::Read, limit, read).await;
         let result = result.map_err(|_| Error::Timeout {
             operation: "re-reading the lease record",
             after: self.timing.request_timeout,
@@ -454,8 +455,11 @@ impl LeaseClient {
         let sent = Instant::now();
         let own = OwnWrite { nonce, sent, term };
         self.remember(own);
-        let outcome = within(self.request_timeout(), self.backend.write(request)).await;
-        self.metrics.count(Op::Acquire, &outcome);
+        let write = self.backend.write(request);
+        let outcome = self
+            .metrics
+            .call(Op::Acquire, self.request_timeout(), write)
+            .await;
         let stored = match outcome {
             Ok(Ok(WriteOutcome::Written(stored))) => stored,
             Ok(Ok(WriteOutcome::Conflict { current })) => match current {
@@ -581,8 +585,8 @@ impl LeaseClient {
             term: held.term,
         });
         // `refused`: the store answered with a conflict, so this write was not applied.
-        let outcome = within(budget, self.backend.write(request)).await;
-        self.metrics.count(Op::Renew, &outcome);
+        let write = self.backend.write(request);
+        let outcome = self.metrics.call(Op::Renew, budget, write).await;
         let (current, refused) = match outcome {
             Ok(Ok(WriteOutcome::Written(stored))) => {
                 return Ok(self.renewed(held.term, stored, sent));
@@ -642,8 +646,8 @@ impl LeaseClient {
         let budget = self
             .request_timeout()
             .min(deadline.saturating_duration_since(Instant::now()));
-        let result = within(budget, self.backend.read_for_term(&self.key, term)).await;
-        self.metrics.count(Op::Read, &result);
+        let read = self.backend.read_for_term(&self.key, term);
+        let result = self.metrics.call(Op::Read, budget, read).await;
         match result {
             Ok(Ok(found)) => {
                 if let Some(s) = &found {
@@ -735,8 +739,11 @@ impl LeaseClient {
             sent: Instant::now(),
             term: held.term,
         });
-        let outcome = within(self.request_timeout(), self.backend.write(request)).await;
-        self.metrics.count(Op::Release, &outcome);
+        let write = self.backend.write(request);
+        let outcome = self
+            .metrics
+            .call(Op::Release, self.request_timeout(), write)
+            .await;
         let released = match outcome {
             Ok(Ok(WriteOutcome::Written(_))) => true,
             Ok(Ok(WriteOutcome::Conflict { current })) => {

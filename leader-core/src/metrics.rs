@@ -9,6 +9,7 @@
 //! must be installed before that; afterwards recording is an atomic update, and with no
 //! recorder installed a no-op.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 use tokio::time::error::Elapsed;
 
 use crate::backend::{IfChanged, LeaseBackend, Stored, WriteOutcome};
+use crate::call::{RetryHook, within_hooked};
 use crate::error::{Error, ErrorKind};
 use crate::model::{HolderId, LeaseKey};
 
@@ -33,7 +35,8 @@ pub const RENEW_DURATION: &str = "leader_renew_duration_seconds";
 /// Histogram, seconds: at each successful renew, the time the term still had before its
 /// deadline.
 pub const RENEW_SLACK: &str = "leader_renew_slack_seconds";
-/// Counter: store calls of the protocol, by `op` and `outcome`.
+/// Counter: store requests of the protocol, by `op` and `outcome`: every attempt that a
+/// store call retried (throttled, unavailable), and how every call ended.
 pub const STORE_REQUESTS: &str = "leader_store_requests_total";
 /// Gauge: the token of this instance's term, or of the leader it last saw.
 pub const FENCING_TOKEN: &str = "leader_fencing_token";
@@ -83,8 +86,9 @@ pub fn describe() {
     ::metrics::describe_counter!(
         STORE_REQUESTS,
         Count,
-        "Store calls of the protocol by op (read, acquire, renew, release) and outcome (ok, \
-         conflict, throttled, error, indeterminate)"
+        "Store requests of the protocol by op (read, acquire, renew, release) and outcome \
+         (ok, conflict, throttled, error, indeterminate): each retried attempt, and how each \
+         call ended"
     );
     ::metrics::describe_gauge!(
         FENCING_TOKEN,
@@ -122,9 +126,10 @@ enum Outcome {
     Ok,
     /// The store answered that the condition of a write did not hold.
     Conflict,
-    /// The store still throttled when the call's time ran out.
+    /// The store throttled the request.
     Throttled,
-    /// Any other error that promises nothing was written (a read's timeout included).
+    /// Any other error that promises nothing was written (unavailable, a read's timeout,
+    /// rejected credentials, a malformed record).
     Error,
     /// A write whose outcome is unknown (it may have been applied).
     Indeterminate,
@@ -138,6 +143,14 @@ impl Outcome {
         Outcome::Error,
         Outcome::Indeterminate,
     ];
+
+    fn of_error(e: &Error) -> Self {
+        match e.kind() {
+            ErrorKind::Throttled => Outcome::Throttled,
+            ErrorKind::Indeterminate => Outcome::Indeterminate,
+            _ => Outcome::Error,
+        }
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -175,10 +188,12 @@ fn labels(key: &LeaseKey, holder: &HolderId, backend: &'static str) -> Vec<Label
 
 /// The store calls of one lease client: counted by op and outcome, and when the store last
 /// answered one.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct StoreMetrics {
     /// `requests[op][outcome]`.
     requests: Arc<[[Counter; 5]; 4]>,
+    /// Per op: counts an attempt that the call retried.
+    retried: [RetryHook; 4],
     answered: StoreContact,
 }
 
@@ -193,23 +208,42 @@ impl StoreMetrics {
                 ::metrics::counter!(STORE_REQUESTS, l)
             })
         });
+        let requests = Arc::new(requests);
+        let retried = Op::ALL.map(|op| {
+            let requests = requests.clone();
+            let hook: RetryHook = Arc::new(move |e: &Error| {
+                requests[op as usize][Outcome::of_error(e) as usize].increment(1);
+            });
+            hook
+        });
         Self {
-            requests: Arc::new(requests),
+            retried,
+            requests,
             answered: StoreContact::default(),
         }
     }
 
+    /// Makes the store call `call` of `op` [`within`](crate::call::within) `budget`, and
+    /// counts it: each attempt its [`Call`](crate::backend::Call)s retried, then how it ended.
+    pub(crate) async fn call<T: Answer>(
+        &self,
+        op: Op,
+        budget: Duration,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Result<T, Error>, Elapsed> {
+        let hook = Some(self.retried[op as usize].clone());
+        let result = within_hooked(budget, hook, call).await;
+        self.count(op, &result);
+        result
+    }
+
     /// Counts one store call of `op` that ended with `result` (cut off by its time limit if
     /// `Err(Elapsed)`), and notes the time if the store answered it.
-    pub(crate) fn count<T: Answer>(&self, op: Op, result: &Result<Result<T, Error>, Elapsed>) {
+    fn count<T: Answer>(&self, op: Op, result: &Result<Result<T, Error>, Elapsed>) {
         let outcome = match result {
             Ok(Ok(answer)) if answer.is_conflict() => Outcome::Conflict,
             Ok(Ok(_)) => Outcome::Ok,
-            Ok(Err(e)) => match e.kind() {
-                ErrorKind::Throttled => Outcome::Throttled,
-                ErrorKind::Indeterminate => Outcome::Indeterminate,
-                _ => Outcome::Error,
-            },
+            Ok(Err(e)) => Outcome::of_error(e),
             Err(_) if op == Op::Read => Outcome::Error,
             Err(_) => Outcome::Indeterminate,
         };
@@ -223,6 +257,12 @@ impl StoreMetrics {
     /// condition).
     pub(crate) fn answered(&self) -> StoreContact {
         self.answered.clone()
+    }
+}
+
+impl std::fmt::Debug for StoreMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreMetrics").finish_non_exhaustive()
     }
 }
 

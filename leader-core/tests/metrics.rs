@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leader_core::backend::{
-    Expected, FencedCas, FencedObject, FencedPut, LeaseRecord, ObjectWrite, Stored, WriteKind,
-    WriteNonce, WriteOutcome, WriteRequest,
+    Call, Expected, FencedCas, FencedObject, FencedPut, LeaseRecord, ObjectWrite, Stored,
+    WriteKind, WriteNonce, WriteOutcome, WriteRequest,
 };
 use leader_core::metrics as m;
 use leader_core::{
@@ -158,6 +158,8 @@ const NORMAL: u8 = 0;
 const THROTTLE_WRITES: u8 = 1;
 const READS_DOWN: u8 = 2;
 const WRITES_UNKNOWN: u8 = 3;
+/// The next write attempt is throttled; the call's retry goes through.
+const THROTTLE_ONCE: u8 = 4;
 
 /// The memory store, with writes throttled, reads failing, or writes of unknown outcome
 /// (not applied) on demand.
@@ -185,14 +187,29 @@ impl LeaseBackend for Scripted {
         self.inner.read(key).await
     }
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
-        match self.mode.load(Ordering::SeqCst) {
-            THROTTLE_WRITES => Err(Error::Throttled {
-                message: "slow down (test)".to_owned(),
-                source: None,
-            }),
-            WRITES_UNKNOWN => Err(Error::indeterminate("answer lost (test; not applied)")),
-            _ => self.inner.write(request).await,
-        }
+        // As a real backend does: each request is an attempt of the one retry loop.
+        Call::write("writing the lease (test)")
+            .run(|_| {
+                let request = request.clone();
+                async move {
+                    let throttled = Error::Throttled {
+                        message: "slow down (test)".to_owned(),
+                        source: None,
+                    };
+                    match self.mode.load(Ordering::SeqCst) {
+                        THROTTLE_WRITES => Err(throttled),
+                        THROTTLE_ONCE => {
+                            self.set(NORMAL);
+                            Err(throttled)
+                        }
+                        WRITES_UNKNOWN => {
+                            Err(Error::indeterminate("answer lost (test; not applied)"))
+                        }
+                        _ => self.inner.write(request).await,
+                    }
+                }
+            })
+            .await
     }
 }
 
@@ -400,10 +417,20 @@ async fn store_calls_are_counted_by_operation_and_outcome() {
     client.try_acquire().await.unwrap();
     assert_eq!((req("read", "ok"), req("acquire", "ok")), (1, 1));
 
+    // Throttled once, then through on the call's retry: both requests count.
+    store.set(THROTTLE_ONCE);
+    assert!(matches!(
+        client.renew().await.unwrap(),
+        leader_core::Renewal::Renewed(_)
+    ));
+    assert_eq!((req("renew", "throttled"), req("renew", "ok")), (1, 1));
+    // Throttled until the call's time is up: every attempt counts, the last one too.
     store.set(THROTTLE_WRITES);
     let e = client.renew().await.unwrap_err();
     assert_eq!(e.kind(), leader_core::ErrorKind::Throttled);
-    assert_eq!(req("renew", "throttled"), 1);
+    let throttled = req("renew", "throttled");
+    assert!(throttled > 3, "{throttled}");
+    assert_eq!(req("renew", "ok"), 1);
 
     store.set(WRITES_UNKNOWN);
     // The renew's outcome is unknown; its re-read finds the record unchanged.
@@ -433,7 +460,7 @@ async fn store_calls_are_counted_by_operation_and_outcome() {
         leader_core::Renewal::Lost { .. }
     ));
     assert_eq!(req("renew", "conflict"), 1);
-    assert_eq!(req("renew", "ok"), 0);
+    assert_eq!(req("renew", "ok"), 1);
 
     store.set(READS_DOWN);
     assert!(client.observe().await.is_err());
