@@ -4,7 +4,8 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::disallowed_methods // real processes need real time
+    clippy::disallowed_methods, // real processes need real time
+    clippy::print_stderr
 )]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use integration_tests::proxy::{Canned, Fault, FaultProxy, Match, Rule};
 use integration_tests::tcp_proxy::TcpFaultProxy;
 use integration_tests::{Emulator, require, unique_name};
 use nix::sys::signal::Signal;
@@ -266,6 +268,79 @@ async fn readyz_fails_while_the_store_is_unreachable_and_healthz_does_not() {
     assert_eq!(code, 200, "the elector still runs: {body}");
     proxy.heal();
     until("/readyz", 200, Duration::from_secs(30)).await;
+    drop(run);
+}
+
+/// DynamoDB throttles two renews (its own `ThrottlingException`, from a proxy in front of
+/// the emulator): the scrape counts them as throttled renew requests, the call's retry gets
+/// through, and the term goes on with the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_renew_is_counted_as_throttled_and_the_term_goes_on() {
+    let Some(ep) = require(Emulator::DynamoDb).await else {
+        return;
+    };
+    let proxy = FaultProxy::in_front_of(&ep.url, 7).await.unwrap();
+    let store = format!("dynamodb://{}/job", unique_name("metrics"));
+    let endpoint = proxy.url();
+    let run = tokio::task::spawn_blocking(move || {
+        let args = [
+            "--create-if-missing",
+            "--endpoint",
+            &endpoint,
+            "--ttl",
+            "5s",
+        ];
+        start(&store, "t", &args)
+    })
+    .await
+    .unwrap();
+    let addr = run.addr.clone();
+    let renews = move |outcome: &'static str| {
+        let addr = addr.clone();
+        let with = format!(r#"outcome="{outcome}""#);
+        sample(
+            &addr,
+            "leader_store_requests_total",
+            &[r#"op="renew""#, &with],
+        )
+        .unwrap()
+    };
+    let scrape = |f: Box<dyn Fn() -> bool + Send>| {
+        tokio::task::spawn_blocking(move || {
+            wait_for("the scrape", Duration::from_secs(60), f);
+        })
+    };
+    let addr = run.addr.clone();
+    scrape(Box::new(move || leader_json(&addr)["state"] == "leader"))
+        .await
+        .unwrap();
+    let r = renews.clone();
+    scrape(Box::new(move || r("ok") >= 1.0)).await.unwrap();
+    assert_eq!(renews("throttled"), 0.0);
+    let ok_before = renews("ok");
+    proxy.inject(
+        Rule::new(
+            Match::aws("UpdateItem"),
+            Fault::Answer(Canned::aws_throttling()),
+        )
+        .times(2),
+    );
+    let r = renews.clone();
+    scrape(Box::new(move || r("ok") > ok_before)).await.unwrap();
+    assert_eq!(renews("throttled"), 2.0);
+    assert_eq!(
+        proxy
+            .counts()
+            .throttled
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
+    let j = leader_json(&run.addr);
+    assert_eq!(
+        (&j["state"], &j["token"]),
+        (&"leader".into(), &1.into()),
+        "{j}"
+    );
     drop(run);
 }
 
