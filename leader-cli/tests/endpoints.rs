@@ -217,6 +217,31 @@ fn endpoints_follow_a_kill_and_a_takeover() {
     assert_eq!(exit_code(&mut b.child, Duration::from_secs(20)), 128 + 15);
 }
 
+/// A sharded run's `/leader` lists the shards it leads with their tokens; its health and
+/// readiness answer as a single key's do.
+#[test]
+fn a_sharded_run_reports_its_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/jobs", dir.path().display());
+    let run = start(&store, "s", &["--shards", "3", "--ttl", "2s"]);
+    wait_for("all 3 shards led", Duration::from_secs(30), || {
+        leader_json(&run.addr)["led"].as_object().map(|m| m.len()) == Some(3)
+    });
+    let j = leader_json(&run.addr);
+    assert_eq!(
+        (&j["state"], &j["shards"], &j["self"]),
+        (&"member".into(), &3.into(), &"s".into()),
+        "{j}"
+    );
+    assert!(j["led"]["0"].as_u64().unwrap() >= 1, "{j}");
+    assert_eq!(
+        sample(&run.addr, "leader_shards_led", &[r#"key="jobs""#]),
+        Some(3.0)
+    );
+    assert_eq!(get(&run.addr, "/healthz").0, 200);
+    assert_eq!(get(&run.addr, "/readyz").0, 200);
+}
+
 /// `/readyz` fails once the store has not answered for a ttl, while `/healthz` stays fine,
 /// and recovers when the store is back (etcd behind a proxy that partitions it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,7 +64,7 @@ pub use leader_azure as azure;
 pub use leader_core::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, Error, ErrorKind, FenceGate, FencedStore,
     FencingToken, FileStore, Leadership, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
-    StaleToken, Stopped, Term, Timing,
+    StaleToken, Stopped, StoreContact, Term, Timing, metrics,
 };
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "dynamo")]
