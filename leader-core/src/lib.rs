@@ -15,6 +15,8 @@
 //!   tokens, recovery from lost responses), written once.
 //! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`].
 //! - [`FencedStore`] and [`FenceGate`]: the resource side of fencing.
+//! - [`metrics`]: what an election records through the `metrics` facade (who leads, terms,
+//!   time without a leader, renew latency and slack, store requests), for any exporter.
 //!
 //! The root holds what users of an election need. What a backend author implements and uses
 //! (the stored record and its revision, conditional writes, [`backend::FencedCas`] under
