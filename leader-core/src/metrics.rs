@@ -1,5 +1,6 @@
-//! The suite's metrics, through the [`metrics`](::metrics) facade: the library records, the application
-//! installs an exporter (the `leader` CLI serves Prometheus text with `--metrics-addr`).
+//! The suite's metrics, through the [`metrics`] facade: the library records, the
+//! application installs an exporter (the `leader` CLI serves Prometheus text with
+//! `--metrics-addr`).
 //!
 //! Every metric carries the labels `key`, `holder` and `backend` ([`LeaseBackend::name`]).
 //! The table, with what each metric means, is in `docs/metrics.md`; the names are the
