@@ -29,6 +29,8 @@ pub(crate) mod exit {
     /// Leadership was lost while the command ran, or the term ended before it could start
     /// (without `--supervise`).
     pub(crate) const LOST: u8 = 75;
+    /// `leader status --watch` cannot write its stdout (a closed pipe is not an error).
+    pub(crate) const IO_ERROR: u8 = 74;
     /// A configuration error (timing rules, `--grace`, metadata, an invalid store setting).
     pub(crate) const CONFIG: u8 = 78;
 }
@@ -129,6 +131,9 @@ Exit codes:
   78   configuration error: timing rules, --grace, metadata, a record path that is a folder
   126  the command cannot be executed      127  the command was not found
   128+N  leader was stopped by signal N before or while running the command
+  74   leader status --watch: stdout cannot be written (a full disk; a closed pipe exits 0)
+  leader status --watch exits 0 when stopped by SIGINT, SIGTERM or SIGHUP or when its reader
+  goes away; store errors that may pass print an `unknown` line and it goes on.
   Errors that may pass (store unreachable, throttled, timeouts) are retried, not fatal.
 
 Stores:
@@ -176,7 +181,8 @@ enum Command {
     /// Campaign for the lease; run CMD while leader; stop it when leadership ends.
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
-    /// Print who holds the lease (with --shards: who leads which shards of a sharded key).
+    /// Print who holds the lease (with --shards: who leads which shards of a sharded key; with
+    /// --watch: a line per change until interrupted).
     Status(status::StatusArgs),
     /// Three `leader run` processes on a temporary file store; kill the leader; watch failover.
     Demo,

@@ -1,12 +1,24 @@
 //! `leader status`: who holds the lease, or (`--shards`) how the shards of a sharded key are
-//! led.
+//! led; with `--watch`, one line per change until interrupted.
+
+use std::io::Write as _;
+use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
 use leader::Store;
-use leader_core::{LeaseKey, ShardSet, ShardedStatus, wall_clock_unix_ms};
+use leader_core::backend::Stored;
+use leader_core::{Error, LeaseKey, ShardSet, ShardedStatus, wall_clock_unix_ms};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::{Exit, store};
+use crate::{Exit, exit, store};
 
+/// The shortest `--interval` accepted.
+const MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// The longest `--interval` accepted.
+const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// How long one look at the store may take while watching before it counts as a transient
+/// error (the cloud stores give up sooner by themselves; this bounds a hung file system).
+const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     /// Where the lease lives (see `leader run --help`).
@@ -18,14 +30,49 @@ pub(crate) struct StatusArgs {
     /// and the shards nobody claims, read from the members' records (one read per member).
     #[arg(long)]
     shards: bool,
-    /// Print one JSON object.
+    /// Print one JSON object (with --watch: one per line).
     #[arg(long, env = "LEADER_JSON")]
     json: bool,
+    /// Keep watching until interrupted: print the state at once, then a line each time the
+    /// holder, the token or the state changes (with --shards: the assignment).
+    ///
+    /// The record is read every --interval; a renew that only rewrites it prints nothing.
+    /// In text, a line starts with this machine's time (RFC 3339, UTC; with --shards the
+    /// assignment's lines follow it); with --json each line is one object with the fields
+    /// of `status --json` (`status --shards --json`) plus "at_unix_ms", this machine's wall
+    /// clock when the change was seen. A store error that may pass (unreachable,
+    /// throttled, timed out) prints one line with the state "unknown" (with --json: an
+    /// "error" field) and one warning on stderr, and the watch goes on; once reads succeed
+    /// again, the state is printed as a change.
+    ///
+    /// Exit codes: 0 when stopped by SIGINT, SIGTERM or SIGHUP, or when stdout's reader is
+    /// gone (e.g. `| head -1`); 64 for an --interval outside 50ms..1h; 69 (78 for a
+    /// configuration error) when the store cannot be used and retrying will not help, as
+    /// without --watch (a missing folder, container, table or bucket, rejected
+    /// credentials, a malformed record); 74 if stdout cannot be written (e.g. a full disk).
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: how often to read the store (50ms to 1h).
+    #[arg(long, value_name = "DURATION", requires = "watch", default_value = "500ms",
+          value_parser = crate::parse_duration)]
+    interval: Duration,
 }
 
 pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
+    if args.watch && !(MIN_INTERVAL..=MAX_INTERVAL).contains(&args.interval) {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--interval {}: must be between 50ms and 1h",
+                humantime::format_duration(args.interval)
+            ),
+        ));
+    }
     let url = store::parse(&args.store)?;
     let (backend, key) = store::open(&url, &args.store_options).await?;
+    if args.watch {
+        return watch(&*backend, &key, &args).await;
+    }
     if args.shards {
         return sharded(&*backend, &key, args.json).await;
     }
@@ -34,61 +81,349 @@ pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
         .await
         .map_err(|e| store::unavailable(&e))?;
     let now_ms = wall_clock_unix_ms();
+    let sharded = match current {
+        None => sharded_shards(&*backend, &key).await,
+        Some(_) => None,
+    };
+    if args.json {
+        println!("{}", record_json(&key, current.as_ref(), sharded, now_ms));
+        return Ok(0);
+    }
+    println!("{}", headline(&key, current.as_ref()));
     match current {
         None => {
-            // A sharded key has no record of its own: say so rather than only "nobody".
-            let sharded = leader_core::read_status(&*backend, &key)
-                .await
-                .ok()
-                .flatten()
-                .map(|s| s.shards);
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"key": key.as_str(), "state": "absent", "holder": null, "token": null, "metadata": {}, "sharded": sharded.is_some()})
-                );
-            } else {
-                println!("{key}: nobody holds the lease (no record)");
-                if let Some(n) = sharded {
-                    println!("  {key} is a sharded key ({n} shards): see `leader status --shards`");
-                }
+            if let Some(n) = sharded {
+                println!("  {key} is a sharded key ({n} shards): see `leader status --shards`");
             }
         }
         Some(s) => {
             let r = &s.record;
-            let state = if r.is_held() { "held" } else { "released" };
-            // The writer's wall clock, not ours: informational only.
             let age_ms = now_ms.saturating_sub(r.written_unix_ms);
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "key": key.as_str(),
-                        "holder": r.holder.as_str(),
-                        "token": r.token.get(),
-                        "state": state,
-                        "metadata": r.metadata,
-                        "ttl_ms": u64::try_from(r.ttl.as_millis()).unwrap_or(u64::MAX),
-                        "written_unix_ms": r.written_unix_ms,
-                        "term_started_unix_ms": r.term_started_unix_ms,
-                        "approx_age_ms": age_ms,
-                        "revision": s.revision.as_str(),
-                    })
-                );
-            } else {
-                println!("{key}: {state} by {} with token {}", r.holder, r.token);
-                println!(
-                    "  ttl {:?}; last written about {:.1} s ago (by the writer's clock)",
-                    r.ttl,
-                    age_ms as f64 / 1000.0
-                );
-                for (k, v) in &r.metadata {
-                    println!("  {k} = {v}");
-                }
+            println!(
+                "  ttl {:?}; last written about {:.1} s ago (by the writer's clock)",
+                r.ttl,
+                age_ms as f64 / 1000.0
+            );
+            for (k, v) in &r.metadata {
+                println!("  {k} = {v}");
             }
         }
     }
     Ok(0)
+}
+
+/// The number of shards if `key` has no record of its own but is a sharded key (so that
+/// status says so rather than only "nobody"); `None` otherwise or if that cannot be read.
+async fn sharded_shards(backend: &dyn Store, key: &LeaseKey) -> Option<u32> {
+    leader_core::read_status(backend, key)
+        .await
+        .ok()
+        .flatten()
+        .map(|s| s.shards)
+}
+
+/// The state word of a record: `absent`, `held` or `released`.
+fn state_of(current: Option<&Stored>) -> &'static str {
+    match current {
+        None => "absent",
+        Some(s) if s.record.is_held() => "held",
+        Some(_) => "released",
+    }
+}
+
+/// The JSON of `leader status --json` (documented in the README); `now_ms` is this
+/// machine's wall clock, for `approx_age_ms`.
+fn record_json(
+    key: &LeaseKey,
+    current: Option<&Stored>,
+    sharded: Option<u32>,
+    now_ms: u64,
+) -> serde_json::Value {
+    let Some(s) = current else {
+        return serde_json::json!({
+            "key": key.as_str(), "state": "absent", "holder": null, "token": null,
+            "metadata": {}, "sharded": sharded.is_some(),
+        });
+    };
+    let r = &s.record;
+    serde_json::json!({
+        "key": key.as_str(),
+        "holder": r.holder.as_str(),
+        "token": r.token.get(),
+        "state": state_of(current),
+        "metadata": r.metadata,
+        "ttl_ms": u64::try_from(r.ttl.as_millis()).unwrap_or(u64::MAX),
+        "written_unix_ms": r.written_unix_ms,
+        "term_started_unix_ms": r.term_started_unix_ms,
+        // The writer's wall clock, not ours: informational only.
+        "approx_age_ms": now_ms.saturating_sub(r.written_unix_ms),
+        "revision": s.revision.as_str(),
+    })
+}
+
+/// The first line of `leader status` (and the line of `--watch`).
+fn headline(key: &LeaseKey, current: Option<&Stored>) -> String {
+    match current {
+        None => format!("{key}: nobody holds the lease (no record)"),
+        Some(s) => format!(
+            "{key}: {} by {} with token {}",
+            state_of(current),
+            s.record.holder,
+            s.record.token
+        ),
+    }
+}
+
+/// What one look at the store found while watching.
+enum Seen {
+    /// The key's own record.
+    Single(Option<Stored>),
+    /// The assignment of a sharded key (`None`: no roster), and whether the key has a
+    /// record of its own.
+    Shards(Option<ShardedStatus>, bool),
+}
+
+impl Seen {
+    /// One read of what `--watch` watches.
+    async fn read(backend: &dyn Store, key: &LeaseKey, shards: bool) -> Result<Seen, Error> {
+        let look = async {
+            if !shards {
+                return Ok(Seen::Single(backend.read(key).await?));
+            }
+            let status = leader_core::read_status(backend, key).await?;
+            // As `status --shards`: the key's own record tells a missing bucket (an error)
+            // from a key that nobody joined.
+            let single = match status {
+                None => backend.read(key).await?.is_some(),
+                Some(_) => false,
+            };
+            Ok(Seen::Shards(status, single))
+        };
+        tokio::time::timeout(LOOK_TIMEOUT, look)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                operation: "reading the lease",
+                after: LOOK_TIMEOUT,
+            }))
+    }
+
+    /// What a change is measured on: holder, token and state, or the assignment; not the
+    /// revision, the write time or the metadata.
+    fn what(&self, key: &LeaseKey) -> serde_json::Value {
+        match self {
+            Seen::Single(current) => serde_json::json!([
+                state_of(current.as_ref()),
+                current.as_ref().map(|s| s.record.holder.as_str()),
+                current.as_ref().map(|s| s.record.token.get()),
+            ]),
+            Seen::Shards(status, _) => sharded_json(key, status.as_ref()),
+        }
+    }
+}
+
+/// The output of a change while watching: one JSON line, or text lines of which the first
+/// starts with the time.
+async fn render(
+    backend: &dyn Store,
+    key: &LeaseKey,
+    seen: &Seen,
+    json: bool,
+    at_ms: u64,
+) -> String {
+    let mut value = match (seen, json) {
+        (Seen::Single(current), true) => {
+            let sharded = match current {
+                None => sharded_shards(backend, key).await,
+                Some(_) => None,
+            };
+            record_json(key, current.as_ref(), sharded, at_ms)
+        }
+        (Seen::Shards(status, _), true) => sharded_json(key, status.as_ref()),
+        (Seen::Single(current), false) => {
+            return format!("{} {}\n", timestamp(at_ms), headline(key, current.as_ref()));
+        }
+        (Seen::Shards(Some(status), _), false) => {
+            return format!("{} {}", timestamp(at_ms), sharded_text(key, status));
+        }
+        (Seen::Shards(None, single), false) => {
+            let mut out = format!(
+                "{} {key}: no instance has joined this sharded key (no roster)\n",
+                timestamp(at_ms)
+            );
+            if *single {
+                out.push_str(&format!(
+                    "  {key} has a lease record of its own: see `leader status --watch` without --shards\n"
+                ));
+            }
+            return out;
+        }
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert("at_unix_ms".to_owned(), at_ms.into());
+    }
+    format!("{value}\n")
+}
+
+/// The text of a transient store error with its causes (an I/O error's errno, an SDK's
+/// message), which its own text leaves out.
+fn describe(error: &Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    let mut separator = "; cause: ";
+    while let Some(cause) = source {
+        text.push_str(separator);
+        text.push_str(&cause.to_string());
+        separator = ": ";
+        source = cause.source();
+    }
+    text
+}
+
+/// The line for a transient store error while watching; `error` is its [`describe`] text.
+fn unknown_line(key: &LeaseKey, error: &str, json: bool, at_ms: u64) -> String {
+    if json {
+        let value = serde_json::json!({
+            "key": key.as_str(), "state": "unknown", "holder": null, "token": null,
+            "error": error, "at_unix_ms": at_ms,
+        });
+        format!("{value}\n")
+    } else {
+        format!("{} {key}: unknown ({error})\n", timestamp(at_ms))
+    }
+}
+
+/// `at_ms` as RFC 3339 in UTC with milliseconds.
+fn timestamp(at_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
+}
+
+/// The signals that end a watch.
+struct StopSignals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<Self, Exit> {
+        let make = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| {
+                Exit::new(exit::UNAVAILABLE, format!("signal handler for {name}: {e}"))
+            })
+        };
+        Ok(Self {
+            int: make(SignalKind::interrupt(), "SIGINT")?,
+            term: make(SignalKind::terminate(), "SIGTERM")?,
+            hup: make(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// Waits for one of them.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+        }
+    }
+}
+
+/// Writes `text` to stdout and flushes it (stdout may be a pipe). `Ok(false)` if its reader
+/// is gone.
+fn emit(text: &str) -> Result<bool, Exit> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(Exit::new(
+            exit::IO_ERROR,
+            format!("cannot write to stdout: {e}"),
+        )),
+    }
+}
+
+/// What the watch has printed so far.
+struct Watcher<'a> {
+    backend: &'a dyn Store,
+    key: &'a LeaseKey,
+    shards: bool,
+    json: bool,
+    interval: Duration,
+    /// What the last line printed showed (`None` at first and after an error line).
+    last: Option<serde_json::Value>,
+    /// Whether the last look failed (its line and warning are printed).
+    failing: bool,
+}
+
+impl Watcher<'_> {
+    /// One look at the store: the text to print, if anything changed.
+    async fn step(&mut self) -> Result<Option<String>, Exit> {
+        let seen = Seen::read(self.backend, self.key, self.shards).await;
+        let at_ms = wall_clock_unix_ms();
+        match seen {
+            Ok(seen) => {
+                if self.failing {
+                    tracing::info!(key = %self.key, "the store answers again");
+                    self.failing = false;
+                }
+                let what = seen.what(self.key);
+                if self.last.as_ref() == Some(&what) {
+                    return Ok(None);
+                }
+                self.last = Some(what);
+                Ok(Some(
+                    render(self.backend, self.key, &seen, self.json, at_ms).await,
+                ))
+            }
+            Err(e) if e.is_retryable() => {
+                self.last = None;
+                if self.failing {
+                    return Ok(None);
+                }
+                self.failing = true;
+                let error = describe(&e);
+                tracing::warn!(
+                    key = %self.key,
+                    "cannot read the lease: {error}; still watching, every {}",
+                    humantime::format_duration(self.interval)
+                );
+                Ok(Some(unknown_line(self.key, &error, self.json, at_ms)))
+            }
+            Err(e) => Err(store::unavailable(&e)),
+        }
+    }
+}
+
+/// `leader status --watch`: a line per change until a stop signal, a closed stdout or an
+/// error that retrying will not fix.
+async fn watch(backend: &dyn Store, key: &LeaseKey, args: &StatusArgs) -> Result<u8, Exit> {
+    let mut stop = StopSignals::new()?;
+    let mut watcher = Watcher {
+        backend,
+        key,
+        shards: args.shards,
+        json: args.json,
+        interval: args.interval,
+        last: None,
+        failing: false,
+    };
+    loop {
+        let text = tokio::select! {
+            biased;
+            () = stop.recv() => return Ok(0),
+            text = watcher.step() => text?,
+        };
+        if let Some(text) = text
+            && !emit(&text)?
+        {
+            return Ok(0);
+        }
+        tokio::select! {
+            biased;
+            () = stop.recv() => return Ok(0),
+            () = tokio::time::sleep(args.interval) => {}
+        }
+    }
 }
 
 /// `leader status --shards`.
@@ -231,5 +566,25 @@ mod tests {
         let mut one = ShardSet::new(3);
         one.insert(1);
         assert_eq!(ranges(&one), "1");
+    }
+
+    #[test]
+    fn watch_lines_carry_the_time_and_an_error_its_cause() {
+        assert_eq!(timestamp(1_796_133_104_827), "2026-12-01T13:51:44.827Z");
+        let e = Error::Unavailable {
+            message: "I/O error on /leases/job.lease".into(),
+            source: Some(Box::new(std::io::Error::from_raw_os_error(24))),
+        };
+        let text = describe(&e);
+        assert!(
+            text.starts_with(&e.to_string()) && text.contains("; cause: Too many open files"),
+            "{text}"
+        );
+        let key = LeaseKey::new("job").unwrap();
+        let line: serde_json::Value =
+            serde_json::from_str(&unknown_line(&key, &text, true, 5)).unwrap();
+        assert_eq!(line["state"], "unknown");
+        assert_eq!(line["error"], text.as_str());
+        assert_eq!(line["at_unix_ms"], 5);
     }
 }
