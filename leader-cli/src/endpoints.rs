@@ -68,7 +68,9 @@ const BUCKETS: [(&str, &[f64]); 4] = [
     ),
     (
         leader_core::metrics::RENEW_SLACK,
-        &[0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0],
+        &[
+            0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+        ],
     ),
 ];
 
@@ -120,12 +122,16 @@ pub(crate) struct Instance {
     pub(crate) source: Source,
 }
 
-/// At most this many requests are served at once; more wait for their turn.
+/// At most this many requests are served at once; more are answered 503 at once.
 const CONCURRENT: usize = 16;
 
 /// A request's head must arrive within this time, and be at most [`MAX_HEAD`] bytes.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_HEAD: usize = 8192;
+
+/// A whole exchange (head, answer) ends within this time: a client that does not read its
+/// answer does not keep a slot.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves the endpoints on `listener` until the process ends.
 pub(crate) fn serve(listener: TcpListener, prometheus: PrometheusHandle, instance: Instance) {
@@ -145,24 +151,31 @@ pub(crate) fn serve(listener: TcpListener, prometheus: PrometheusHandle, instanc
     tokio::spawn(async move {
         let permits = Arc::new(Semaphore::new(CONCURRENT));
         loop {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
-            };
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = respond(stream, &state).await {
-                            debug!(error = %e, "metrics endpoint: request not served");
-                        }
-                        drop(permit);
-                    });
-                }
+            let mut stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
                 Err(e) => {
                     warn!(error = %e, "metrics endpoint: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
                 }
-            }
+            };
+            let state = state.clone();
+            // Slow or idle clients hold at most CONCURRENT slots; one more gets a quick 503
+            // rather than a wait, so a probe never queues behind them.
+            let permit = permits.clone().try_acquire_owned();
+            tokio::spawn(async move {
+                let exchange = async {
+                    match permit {
+                        Ok(_permit) => respond(&mut stream, &state).await,
+                        Err(_) => busy(&mut stream).await,
+                    }
+                };
+                match tokio::time::timeout(EXCHANGE_TIMEOUT, exchange).await {
+                    Ok(Err(e)) => debug!(error = %e, "metrics endpoint: request not served"),
+                    Err(_) => debug!("metrics endpoint: a client took too long; closed"),
+                    Ok(Ok(())) => {}
+                }
+            });
         }
     });
 }
@@ -331,31 +344,53 @@ fn unix_ms() -> u64 {
     leader_core::wall_clock_unix_ms()
 }
 
-/// Reads one request head and answers it.
-async fn respond(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
+/// How reading a request head ended.
+enum Head {
+    /// The head (or what came before the client stopped sending).
+    Read(Vec<u8>),
+    TooLarge,
+    /// Nothing complete within the time.
+    TimedOut,
+}
+
+/// Reads a request head within `limit`.
+async fn read_head(stream: &mut TcpStream, limit: Duration) -> std::io::Result<Head> {
     let mut head = Vec::with_capacity(512);
-    let deadline = Instant::now() + READ_TIMEOUT;
+    let deadline = Instant::now() + limit;
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
         if head.len() > MAX_HEAD {
-            return reply(
-                &mut stream,
-                431,
-                "text/plain",
-                "request head too large\n",
-                false,
-            )
-            .await;
+            return Ok(Head::TooLarge);
         }
         let n = match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
             Ok(read) => read?,
-            Err(_) => return Ok(()),
+            Err(_) => return Ok(Head::TimedOut),
         };
         if n == 0 {
             break;
         }
         head.extend_from_slice(&buf[..n]);
     }
+    Ok(Head::Read(head))
+}
+
+/// Answers a client beyond the served ones: reads its request first (briefly), so that
+/// closing does not reset the connection before the client has read the answer.
+async fn busy(stream: &mut TcpStream) -> std::io::Result<()> {
+    let _ = read_head(stream, Duration::from_millis(250)).await?;
+    let busy = "busy: too many requests at once\n";
+    reply(stream, 503, "text/plain", busy, false).await
+}
+
+/// Reads one request head and answers it.
+async fn respond(stream: &mut TcpStream, state: &State) -> std::io::Result<()> {
+    let head = match read_head(stream, READ_TIMEOUT).await? {
+        Head::Read(head) => head,
+        Head::TimedOut => return Ok(()),
+        Head::TooLarge => {
+            return reply(stream, 431, "text/plain", "request head too large\n", false).await;
+        }
+    };
     let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
@@ -363,44 +398,37 @@ async fn respond(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
     let path = target.split('?').next().unwrap_or("");
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        return reply(
-            &mut stream,
-            405,
-            "text/plain",
-            "only GET and HEAD\n",
-            head_only,
-        )
-        .await;
+        return reply(stream, 405, "text/plain", "only GET and HEAD\n", head_only).await;
     }
     match path {
         "/metrics" => {
             let body = state.prometheus.render();
             let kind = "text/plain; version=0.0.4; charset=utf-8";
-            reply(&mut stream, 200, kind, &body, head_only).await
+            reply(stream, 200, kind, &body, head_only).await
         }
         "/healthz" => {
             let (code, body) = match state.healthy() {
                 Ok(b) => (200, b),
                 Err(b) => (503, b),
             };
-            reply(&mut stream, code, "text/plain", &body, head_only).await
+            reply(stream, code, "text/plain", &body, head_only).await
         }
         "/readyz" => {
             let (code, body) = match state.ready() {
                 Ok(b) => (200, b),
                 Err(b) => (503, b),
             };
-            reply(&mut stream, code, "text/plain", &body, head_only).await
+            reply(stream, code, "text/plain", &body, head_only).await
         }
         "/leader" => {
             let body = format!("{}\n", state.leader());
-            reply(&mut stream, 200, "application/json", &body, head_only).await
+            reply(stream, 200, "application/json", &body, head_only).await
         }
         "/" => {
             let body = "/metrics /healthz /readyz /leader\n";
-            reply(&mut stream, 200, "text/plain", body, head_only).await
+            reply(stream, 200, "text/plain", body, head_only).await
         }
-        _ => reply(&mut stream, 404, "text/plain", "not found\n", head_only).await,
+        _ => reply(stream, 404, "text/plain", "not found\n", head_only).await,
     }
 }
 
@@ -418,8 +446,13 @@ async fn reply(
         431 => "Request Header Fields Too Large",
         _ => "Service Unavailable",
     };
+    let allow = if code == 405 {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {code} {reason}\r\n{allow}Content-Type: {kind}\r\nContent-Length: {}\r\n\
          Cache-Control: no-store\r\nConnection: close\r\n\r\n",
         body.len()
     )

@@ -69,10 +69,17 @@ pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
         ));
     }
     let url = store::parse(&args.store)?;
-    let (backend, key) = store::open(&url, &args.store_options).await?;
     if args.watch {
-        return watch(&*backend, &key, &args).await;
+        // From the start: a stop while the store opens ends the watch as documented (0).
+        let mut stop = StopSignals::new()?;
+        let (backend, key) = tokio::select! {
+            biased;
+            () = stop.recv() => return Ok(0),
+            opened = store::open(&url, &args.store_options) => opened?,
+        };
+        return watch(&*backend, &key, &args, stop).await;
     }
+    let (backend, key) = store::open(&url, &args.store_options).await?;
     if args.shards {
         return sharded(&*backend, &key, args.json).await;
     }
@@ -396,8 +403,12 @@ impl Watcher<'_> {
 
 /// `leader status --watch`: a line per change until a stop signal, a closed stdout or an
 /// error that retrying will not fix.
-async fn watch(backend: &dyn Store, key: &LeaseKey, args: &StatusArgs) -> Result<u8, Exit> {
-    let mut stop = StopSignals::new()?;
+async fn watch(
+    backend: &dyn Store,
+    key: &LeaseKey,
+    args: &StatusArgs,
+    mut stop: StopSignals,
+) -> Result<u8, Exit> {
     let mut watcher = Watcher {
         backend,
         key,

@@ -242,6 +242,33 @@ fn a_sharded_run_reports_its_shards() {
     assert_eq!(get(&run.addr, "/readyz").0, 200);
 }
 
+/// Clients that connect and send nothing hold at most 16 slots, each for a couple of seconds:
+/// a probe beyond them is answered at once (503, busy) instead of queueing behind them, and is
+/// served again once the server has closed them.
+#[test]
+fn idle_connections_cannot_stall_a_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/job", dir.path().display());
+    let run = start(&store, "i", &[]);
+    assert_eq!(get(&run.addr, "/healthz").0, 200);
+    let idle: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(&run.addr).unwrap())
+        .collect();
+    // Let the server accept them all before the probe.
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, body) = get(&run.addr, "/healthz");
+    assert_eq!(
+        (code, body.as_str()),
+        (503, "busy: too many requests at once\n")
+    );
+    wait_for(
+        "the idle clients to be dropped",
+        Duration::from_secs(20),
+        || get(&run.addr, "/healthz").0 == 200,
+    );
+    drop(idle);
+}
+
 /// `/readyz` fails once the store has not answered for a ttl, while `/healthz` stays fine,
 /// and recovers when the store is back (etcd behind a proxy that partitions it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,11 +382,12 @@ impl Shared {
     }
 
     fn publish(&self, state: Leadership) {
-        self.gauges(&state);
         self.tx.send_if_modified(|current| {
             if *current == state {
                 false
             } else {
+                // Under the channel's lock, so that the gauges follow the order of changes.
+                self.gauges(&state);
                 *current = state;
                 true
             }
@@ -605,16 +606,14 @@ async fn watchdog(
     if term.as_ref().is_some_and(|t| t.token == token) {
         *term = None;
         drop(term);
-        let ended = shared.tx.send_if_modified(|current| {
+        shared.tx.send_if_modified(|current| {
             let ours = matches!(current, Leadership::Leader { token: t, .. } if *t == token);
             if ours {
+                shared.metrics.is_leader.set(0.0);
                 *current = Leadership::Unknown { problem: None };
             }
             ours
         });
-        if ended {
-            shared.metrics.is_leader.set(0.0);
-        }
     }
 }
 
@@ -692,6 +691,9 @@ struct LastTerm {
     /// When it ended as far as this candidate can tell: the last read that still showed it
     /// held, once a read has shown it released.
     released_at: Option<Instant>,
+    /// Whether this candidate saw it live (held, or its own): only then does a time without
+    /// a leader begin when it ends.
+    seen_held: bool,
 }
 
 /// The shortest time between two reads of a follower woken by change hints.
@@ -732,6 +734,7 @@ impl Driver {
                 alive_at: now,
                 read_held_at: now,
                 released_at: None,
+                seen_held: true,
             });
             match end {
                 LeadEnd::Shutdown => break,
@@ -753,18 +756,24 @@ impl Driver {
     /// first seen at `first_seen`. A new held term ends the time without a leader, which
     /// began when the term before was last seen alive: at its release (as the last read that
     /// still showed it held), else at its last renew (the first sight of its latest record).
+    /// Nothing is recorded for a term this candidate never saw live (it started on a released
+    /// record), and an older token (a lagging read, an operator's rewrite) changes nothing.
     fn saw_term(&mut self, token: FencingToken, held: bool, first_seen: Instant, now: Instant) {
-        if let Some(last) = self.last_term.as_mut().filter(|l| l.token == token) {
+        if let Some(last) = self.last_term.as_mut().filter(|l| l.token >= token) {
+            if last.token > token {
+                return;
+            }
             if held {
                 last.alive_at = first_seen;
                 last.read_held_at = now;
                 last.released_at = None;
+                last.seen_held = true;
             } else if last.released_at.is_none() {
                 last.released_at = Some(last.read_held_at);
             }
             return;
         }
-        if let Some(last) = self.last_term.filter(|_| held) {
+        if let Some(last) = self.last_term.filter(|l| held && l.seen_held) {
             let since = last.released_at.unwrap_or(last.alive_at);
             let gap = first_seen.saturating_duration_since(since);
             self.shared.metrics.leaderless.record(secs(gap));
@@ -774,6 +783,7 @@ impl Driver {
             alive_at: first_seen,
             read_held_at: now,
             released_at: (!held).then_some(now),
+            seen_held: held,
         });
     }
 
@@ -905,11 +915,11 @@ impl Driver {
             cancel.clone(),
             deadline,
         ));
+        self.shared.metrics.terms_started.increment(1);
         self.shared.publish(Leadership::Leader {
             token,
             deadline: grant.deadline,
         });
-        self.shared.metrics.terms_started.increment(1);
         info!(%token, "became leader");
         let validity = self.real(self.timing.term_validity());
         let renew_every = self.real(self.timing.renew_every);
@@ -984,7 +994,9 @@ impl Driver {
                             let left = grant.deadline.saturating_duration_since(Instant::now());
                             warn!(%token, attempts, ?left, "renewed late: it took several attempts; this much was left before the deadline");
                         }
-                        let slack = grant.deadline.saturating_duration_since(Instant::now());
+                        // Against the deadline in force (earlier by a host suspend).
+                        let effective = deadline_tx.borrow().effective();
+                        let slack = effective.saturating_duration_since(Instant::now());
                         self.shared.metrics.renew_slack.record(secs(slack));
                         grant = g;
                         deadline_tx.send_replace(TermDeadline {

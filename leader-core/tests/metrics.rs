@@ -343,6 +343,26 @@ async fn a_handover_is_a_short_time_without_a_leader_and_ends_a_term() {
     drop(t);
 }
 
+/// An instance that starts on a released record never saw that term live: it records no time
+/// without a leader (the key may have been idle for an hour).
+#[tokio::test(start_paused = true)]
+async fn starting_on_a_released_record_records_no_time_without_a_leader() {
+    let rec = TestRecorder::default();
+    let _local = metrics::set_default_local_recorder(&rec);
+    let r = &rec.0;
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a").spawn();
+    drop(a.wait_for_term().await.unwrap());
+    a.shutdown().await;
+    sleep(Duration::from_secs(3600)).await;
+    let c = elector(store.clone(), "c").spawn();
+    let t = c.wait_for_term().await.unwrap();
+    assert_eq!(t.token(), FencingToken(2));
+    assert_eq!(r.values(m::LEADERLESS, &who("c")), Vec::<f64>::new());
+    drop(t);
+    c.shutdown().await;
+}
+
 /// Each renew records how long it took and how much of the term was left: with a store that
 /// answers in 300 ms, the latency is 300 ms and the slack is the term's validity less the renew
 /// interval and the latency of the write that started it.
