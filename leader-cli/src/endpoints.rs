@@ -52,34 +52,12 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// Buckets of the library's histograms, in seconds.
-const BUCKETS: [(&str, &[f64]); 4] = [
-    (
-        leader_core::metrics::TERM_DURATION,
-        &[1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0],
-    ),
-    (
-        leader_core::metrics::LEADERLESS,
-        &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0],
-    ),
-    (
-        leader_core::metrics::RENEW_DURATION,
-        &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-    ),
-    (
-        leader_core::metrics::RENEW_SLACK,
-        &[
-            0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
-        ],
-    ),
-];
-
 /// Installs the Prometheus recorder as the process's recorder and describes the metrics.
 /// Call it before building the elector.
 pub(crate) fn install_recorder() -> Result<PrometheusHandle, Exit> {
     let fail = |e: String| Exit::new(exit::UNAVAILABLE, format!("cannot record metrics: {e}"));
     let mut builder = PrometheusBuilder::new();
-    for (name, buckets) in BUCKETS {
+    for (name, buckets) in leader_core::metrics::BUCKETS {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             .map_err(|e| fail(e.to_string()))?;

@@ -98,6 +98,29 @@ pub fn describe() {
     ::metrics::describe_gauge!(SHARDS_LED, Count, "Shards this instance leads");
 }
 
+/// Histogram buckets that fit each histogram's range, in seconds, for exporters that take
+/// buckets (the `leader` CLI's Prometheus exporter uses them).
+pub const BUCKETS: [(&str, &[f64]); 4] = [
+    (
+        TERM_DURATION,
+        &[1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0],
+    ),
+    (
+        LEADERLESS,
+        &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0],
+    ),
+    (
+        RENEW_DURATION,
+        &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+    ),
+    (
+        RENEW_SLACK,
+        &[
+            0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+        ],
+    ),
+];
+
 /// A store call of the protocol, the `op` label of [`STORE_REQUESTS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {

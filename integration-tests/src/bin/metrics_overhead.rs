@@ -66,26 +66,6 @@ const KEY: &str = "bench-key";
 const HOLDER: &str = "bench-holder";
 const BACKEND: &str = "memory";
 
-/// Buckets of the library's histograms, as `leader-cli/src/endpoints.rs` sets them.
-const BUCKETS: [(&str, &[f64]); 4] = [
-    (
-        names::TERM_DURATION,
-        &[1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0],
-    ),
-    (
-        names::LEADERLESS,
-        &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0],
-    ),
-    (
-        names::RENEW_DURATION,
-        &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-    ),
-    (
-        names::RENEW_SLACK,
-        &[0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0],
-    ),
-];
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     None,
@@ -160,7 +140,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
 /// Installs the Prometheus recorder globally and describes the metrics, as the CLI does.
 fn install_recorder() -> Result<PrometheusHandle, String> {
     let mut builder = PrometheusBuilder::new();
-    for (name, buckets) in BUCKETS {
+    for (name, buckets) in leader_core::metrics::BUCKETS {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             .map_err(|e| e.to_string())?;
