@@ -9,7 +9,13 @@
 //!   same; `heal` also ends the refusal below);
 //! - **refused connections** ([`TcpFaultProxy::refuse_new`]): accepted and closed at once;
 //! - a **reset** of every open connection ([`TcpFaultProxy::reset_all`]): a server restart as
-//!   its clients see it.
+//!   its clients see it;
+//! - **late delivery** ([`TcpFaultProxy::late`]): from client to server only, each chunk of
+//!   bytes read from a client is, with a given probability (seeded dice), held for a while
+//!   before it is forwarded, and the bytes behind it on the same connection queue behind it (one
+//!   byte stream: the order is kept). With a hold above the client's request timeout, the
+//!   client gives up while its request is still on its way, and the server applies it late.
+//!   What was held still goes out after its hold when the fault ends or the client leaves.
 //!
 //! Each accepted connection gets a fresh connection to the upstream, and bytes are copied both
 //! ways as they come (a half-close is passed on). The controls take effect at once, on open
@@ -18,14 +24,16 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leader_core::conformance::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
 /// What the proxy did so far (a snapshot, see [`TcpFaultProxy::counters`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,6 +53,9 @@ pub struct TcpProxyCounters {
     pub bytes_to_upstream: u64,
     /// Bytes forwarded from the upstream to clients.
     pub bytes_to_client: u64,
+    /// Chunks of client bytes the late-delivery fault held and then forwarded (the bytes that
+    /// merely queued behind them are not counted).
+    pub late: u64,
 }
 
 #[derive(Default)]
@@ -56,6 +67,7 @@ struct Counters {
     upstream_failed: AtomicU64,
     bytes_to_upstream: AtomicU64,
     bytes_to_client: AtomicU64,
+    late: AtomicU64,
 }
 
 /// The controls in force. The counters let a connection see a partition or a reset that came
@@ -68,12 +80,34 @@ struct Control {
     refuse_new: bool,
     /// Calls of `reset_all` so far.
     resets: u64,
+    /// The late-delivery fault: the fraction of client chunks held, and for how long (off if
+    /// either is zero).
+    late_fraction: f64,
+    late_by: Duration,
+}
+
+impl Control {
+    /// The hold of the late-delivery fault, if it is on.
+    fn late(&self) -> Option<(f64, Duration)> {
+        (self.late_fraction > 0.0 && !self.late_by.is_zero())
+            .then_some((self.late_fraction, self.late_by))
+    }
 }
 
 struct Shared {
     upstream: Vec<SocketAddr>,
     control: watch::Sender<Control>,
     counters: Counters,
+    rng: Mutex<Rng>,
+}
+
+impl Shared {
+    /// Whether the next client chunk is held, and for how long, by the fault in force now.
+    fn hold_for(&self) -> Option<Duration> {
+        let (fraction, by) = self.control.borrow().late()?;
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rng.chance(fraction).then_some(by)
+    }
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -106,11 +140,20 @@ impl Drop for TcpFaultProxy {
 impl TcpFaultProxy {
     /// Starts a proxy on `127.0.0.1:0` to `upstream` (a `SocketAddr`, or `"host:port"`), with
     /// no fault in force. Every address `upstream` resolves to now is tried, in order, for each
-    /// new connection.
+    /// new connection. Its dice (for [`late`](Self::late)) are seeded with 0; see
+    /// [`start_seeded`](Self::start_seeded).
     ///
     /// # Errors
     /// If `upstream` does not resolve, or no loopback port can be bound.
     pub async fn start(upstream: impl ToSocketAddrs) -> io::Result<Self> {
+        Self::start_seeded(upstream, 0).await
+    }
+
+    /// As [`start`](Self::start), with the dice of the random faults seeded with `seed`.
+    ///
+    /// # Errors
+    /// If `upstream` does not resolve, or no loopback port can be bound.
+    pub async fn start_seeded(upstream: impl ToSocketAddrs, seed: u64) -> io::Result<Self> {
         let upstream: Vec<SocketAddr> = tokio::net::lookup_host(upstream).await?.collect();
         if upstream.is_empty() {
             return Err(io::Error::new(
@@ -124,6 +167,7 @@ impl TcpFaultProxy {
             upstream,
             control: watch::Sender::new(Control::default()),
             counters: Counters::default(),
+            rng: Mutex::new(Rng::seeded(seed)),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Self { addr, shared, task })
@@ -158,13 +202,41 @@ impl TcpFaultProxy {
         });
     }
 
-    /// Ends every fault: a partition (see [`partition`](Self::partition)) and the refusal of
-    /// new connections.
+    /// Ends every fault: a partition (see [`partition`](Self::partition)), the refusal of
+    /// new connections and late delivery (bytes already held still go out when their hold
+    /// ends, see [`late`](Self::late)).
     pub fn heal(&self) {
         self.shared.control.send_if_modified(|c| {
-            let changed = c.partitioned || c.refuse_new;
+            let changed = c.partitioned || c.refuse_new || c.late().is_some();
             c.partitioned = false;
             c.refuse_new = false;
+            c.late_fraction = 0.0;
+            c.late_by = Duration::ZERO;
+            changed
+        });
+    }
+
+    /// Late delivery, client to server only (`fraction` or `by` zero: off). While on, each
+    /// chunk of bytes read from a client (what one read returned) is, with probability
+    /// `fraction`, held for `by` from when it was read before it is forwarded; the bytes behind
+    /// it on the same connection queue behind it (the order is kept: it is one byte stream),
+    /// and go out as soon as it has. Bytes from the server to the client are not delayed.
+    ///
+    /// What was held goes out after its hold even if the fault ends meanwhile, or the client
+    /// closes or resets its connection (then the upstream connection is half-closed, or
+    /// closed, after the last held byte): a request the client gave up on still lands. A
+    /// partition or a reset, however, drops what is held with the connection. Each held chunk
+    /// is counted in [`TcpProxyCounters::late`] once it is forwarded.
+    pub fn late(&self, fraction: f64, by: Duration) {
+        let fraction = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        self.shared.control.send_if_modified(|c| {
+            let changed = c.late_fraction != fraction || c.late_by != by;
+            c.late_fraction = fraction;
+            c.late_by = by;
             changed
         });
     }
@@ -196,6 +268,7 @@ impl TcpFaultProxy {
             upstream_failed: get(&c.upstream_failed),
             bytes_to_upstream: get(&c.bytes_to_upstream),
             bytes_to_client: get(&c.bytes_to_client),
+            late: get(&c.late),
         }
     }
 }
@@ -311,18 +384,16 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>, mut control: watch::R
                 let _ = upstream.set_nodelay(true);
                 let (client_read, client_write) = client.split();
                 let (upstream_read, upstream_write) = upstream.split();
-                let counters = &shared.counters;
-                let relay = async {
-                    tokio::try_join!(
-                        pipe(client_read, upstream_write, &counters.bytes_to_upstream),
-                        pipe(upstream_read, client_write, &counters.bytes_to_client),
-                    )
-                };
+                let relay = relay(
+                    (client_read, client_write),
+                    (upstream_read, upstream_write),
+                    &shared,
+                );
                 tokio::select! {
                     biased;
                     verdict = next_verdict(&mut control, start) => verdict,
                     // Both sides closed, or one failed: close the other too.
-                    _ = relay => return,
+                    () = relay => return,
                 }
             }
         }
@@ -337,13 +408,123 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>, mut control: watch::R
     // Returning drops (closes) both connections.
 }
 
+/// The size of the reads (and of a chunk, for the late-delivery fault).
+const CHUNK: usize = 16 * 1024;
+
+/// How many chunks read from a client may wait for their turn on one connection before the
+/// proxy stops reading from that client (backpressure while bytes are held).
+const QUEUED_CHUNKS: usize = 256;
+
+/// A chunk of client bytes on its way to the upstream.
+struct Chunk {
+    bytes: Vec<u8>,
+    /// Not before then (the end of its own hold, or of the one ahead of it).
+    release: Instant,
+    /// Held by the late-delivery fault (counted when forwarded).
+    late: bool,
+}
+
+/// Copies bytes both ways until both sides are closed or one fails (then returns, and the
+/// caller closes both). From client to upstream, a reader queues the chunks with their release
+/// times and a writer forwards them in order when due; if the client side ends or fails, or
+/// the other direction fails, what is queued (held bytes included) still goes out before the
+/// upstream is half-closed (or, after a failure, closed).
+async fn relay(
+    client: (impl AsyncRead + Unpin, impl AsyncWrite + Unpin),
+    upstream: (impl AsyncRead + Unpin, impl AsyncWrite + Unpin),
+    shared: &Shared,
+) {
+    let (client_read, client_write) = client;
+    let (upstream_read, upstream_write) = upstream;
+    let counters = &shared.counters;
+    let (queue, queued) = mpsc::channel(QUEUED_CHUNKS);
+    let writer = forward_queued(queued, upstream_write, counters);
+    // The reader owns the sender: when the readers end (or fail), the queue is closed, and the
+    // writer drains it and stops.
+    let readers = async {
+        tokio::try_join!(
+            read_into_queue(client_read, queue, shared),
+            pipe(upstream_read, client_write, &counters.bytes_to_client),
+        )
+    };
+    tokio::pin!(writer, readers);
+    tokio::select! {
+        written = &mut writer => {
+            if written.is_err() {
+                // The upstream cannot be written to: close both.
+                return;
+            }
+            // The client half-closed and all its bytes are out; the other direction goes on.
+            let _ = readers.await;
+        }
+        read = &mut readers => {
+            // Both directions ended, or one failed (the client left, say): what the client
+            // sent before still goes out, held bytes after their hold.
+            let _ = read;
+            let _ = writer.await;
+        }
+    }
+}
+
+/// Reads the client's bytes into `queue`, deciding for each chunk whether the late-delivery
+/// fault holds it. Ends (closing the queue) at the client's end of stream.
+async fn read_into_queue(
+    mut from: impl AsyncRead + Unpin,
+    queue: mpsc::Sender<Chunk>,
+    shared: &Shared,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    // When the chunk ahead goes out (at the latest).
+    let mut ahead = Instant::now();
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let hold = shared.hold_for();
+        let release = (now + hold.unwrap_or(Duration::ZERO)).max(ahead);
+        ahead = release;
+        let chunk = Chunk {
+            bytes: buf[..n].to_vec(),
+            release,
+            late: hold.is_some(),
+        };
+        if queue.send(chunk).await.is_err() {
+            // The writer stopped (the upstream failed).
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the upstream is closed",
+            ));
+        }
+    }
+}
+
+/// Forwards the queued chunks to the upstream in order, each when it is due; at the end of the
+/// queue, passes the end on (half-close).
+async fn forward_queued(
+    mut queued: mpsc::Receiver<Chunk>,
+    mut to: impl AsyncWrite + Unpin,
+    counters: &Counters,
+) -> io::Result<()> {
+    while let Some(chunk) = queued.recv().await {
+        tokio::time::sleep_until(chunk.release).await;
+        to.write_all(&chunk.bytes).await?;
+        add(&counters.bytes_to_upstream, chunk.bytes.len() as u64);
+        if chunk.late {
+            add(&counters.late, 1);
+        }
+    }
+    to.shutdown().await
+}
+
 /// Copies `from` to `to` until `from` ends, then passes the end on (half-close).
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     forwarded: &AtomicU64,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; CHUNK];
     loop {
         let n = from.read(&mut buf).await?;
         if n == 0 {

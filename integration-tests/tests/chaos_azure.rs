@@ -15,31 +15,26 @@ async fn term() {
     chaos_support::drill(BackendKind::Azure, Scenario::Term).await;
 }
 
-#[ignore = "long with Azure's 15 s ttl: run by chaos_soak"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop() {
     chaos_support::drill(BackendKind::Azure, Scenario::Stop).await;
 }
 
-#[ignore = "long with Azure's 15 s ttl: run by chaos_soak"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition() {
     chaos_support::drill(BackendKind::Azure, Scenario::Partition).await;
 }
 
-#[ignore = "long with Azure's 15 s ttl: run by chaos_soak"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stall() {
     chaos_support::drill(BackendKind::Azure, Scenario::Stall).await;
 }
 
-#[ignore = "long with Azure's 15 s ttl: run by chaos_soak"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttle() {
     chaos_support::drill(BackendKind::Azure, Scenario::Throttle).await;
 }
 
-#[ignore = "long with Azure's 15 s ttl: run by chaos_soak"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lossy() {
     chaos_support::drill(BackendKind::Azure, Scenario::Lossy).await;
@@ -49,4 +44,14 @@ async fn lossy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late() {
     chaos_support::drill(BackendKind::Azure, Scenario::Late).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart() {
+    chaos_support::drill(BackendKind::Azure, Scenario::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_empty() {
+    chaos_support::drill(BackendKind::Azure, Scenario::RestartEmpty).await;
 }

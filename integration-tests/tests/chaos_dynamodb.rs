@@ -45,3 +45,8 @@ async fn lossy() {
 async fn late() {
     chaos_support::drill(BackendKind::Dynamo, Scenario::Late).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_empty() {
+    chaos_support::drill(BackendKind::Dynamo, Scenario::RestartEmpty).await;
+}

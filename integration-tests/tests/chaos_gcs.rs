@@ -45,3 +45,13 @@ async fn lossy() {
 async fn late() {
     chaos_support::drill(BackendKind::Gcs, Scenario::Late).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_empty() {
+    chaos_support::drill(BackendKind::Gcs, Scenario::RestartEmpty).await;
+}

@@ -30,3 +30,13 @@ async fn stall() {
 async fn term() {
     chaos_support::drill(BackendKind::ZooKeeper, Scenario::Term).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late() {
+    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Late).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart() {
+    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Restart).await;
+}

@@ -10,7 +10,8 @@ use std::time::Duration;
 use integration_tests::tcp_proxy::TcpFaultProxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{sleep, timeout};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, timeout};
 
 /// How long a reply may take when one is due, and how long "no reply" is waited for.
 const DUE: Duration = Duration::from_secs(5);
@@ -294,4 +295,262 @@ async fn dropping_the_proxy_closes_everything() {
         assert!(tokio::time::Instant::now() < deadline, "still accepting");
         sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// One connection of a byte sink: what it received (when, and what; an empty chunk is the end
+/// of stream), and a way to send bytes down to the client.
+struct Sink {
+    received: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    send: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+/// A server that records the bytes it receives on each connection and sends down what its
+/// test gives it; one [`Sink`] per accepted connection, in the order of acceptance.
+async fn sink_server() -> (SocketAddr, mpsc::UnboundedReceiver<Sink>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (sinks, accepted) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (conn, _) = listener.accept().await.unwrap();
+            let (mut read, mut write) = conn.into_split();
+            let (received_tx, received) = mpsc::unbounded_channel();
+            let (send, mut to_send) = mpsc::unbounded_channel::<Vec<u8>>();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = read.read(&mut buf).await.unwrap_or(0);
+                    let _ = received_tx.send((Instant::now(), buf[..n].to_vec()));
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                while let Some(bytes) = to_send.recv().await {
+                    if write.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let _ = sinks.send(Sink { received, send });
+        }
+    });
+    (addr, accepted)
+}
+
+impl Sink {
+    /// Receives until `expected` bytes have come (or the end of stream); returns them with when
+    /// the first and the last of them came.
+    async fn receive(&mut self, expected: usize) -> (Vec<u8>, Instant, Instant) {
+        let mut all = Vec::new();
+        let mut first = None;
+        let mut last = Instant::now();
+        while all.len() < expected {
+            let (at, bytes) = timeout(DUE, self.received.recv())
+                .await
+                .expect("the bytes did not come in time")
+                .expect("the sink is gone");
+            if bytes.is_empty() {
+                break;
+            }
+            first.get_or_insert(at);
+            last = at;
+            all.extend_from_slice(&bytes);
+        }
+        (all, first.unwrap_or(last), last)
+    }
+
+    /// Whether the end of stream comes within `within` (no byte may come first).
+    async fn ends_within(&mut self, within: Duration) -> bool {
+        match timeout(within, self.received.recv()).await {
+            Err(_) => false,
+            Ok(None) => true,
+            Ok(Some((_, bytes))) => {
+                assert!(bytes.is_empty(), "unexpected bytes: {bytes:?}");
+                true
+            }
+        }
+    }
+}
+
+/// The hold of the late-delivery tests, and how soon bytes that are not held must come (well
+/// under the hold, with room for a loaded machine).
+const HOLD: Duration = Duration::from_millis(800);
+const QUICK: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn late_delivery_holds_client_bytes_in_order_and_not_the_other_way() {
+    let (upstream, mut sinks) = sink_server().await;
+    let proxy = TcpFaultProxy::start_seeded(upstream, 7).await.unwrap();
+    let mut conn = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+
+    // Every chunk is held while the fault is on (fraction 1).
+    proxy.late(1.0, HOLD);
+    let sent = Instant::now();
+    conn.write_all(b"first").await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    // The fault ends: "second" is not held itself, but it queues behind "first".
+    proxy.late(0.0, HOLD);
+    conn.write_all(b"second").await.unwrap();
+
+    // Meanwhile the server's bytes reach the client at once.
+    sleep(Duration::from_millis(50)).await;
+    let down = Instant::now();
+    sink.send.send(b"down".to_vec()).unwrap();
+    let mut back = [0u8; 4];
+    timeout(DUE, conn.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&back, b"down");
+    let came_down = Instant::now();
+    assert!(
+        came_down - down < QUICK,
+        "server-to-client bytes were delayed by {:?}",
+        came_down - down
+    );
+    assert!(
+        came_down - sent < HOLD,
+        "the held bytes delayed the other direction"
+    );
+    assert_eq!(proxy.counters().bytes_to_upstream, 0, "nothing due yet");
+    assert_eq!(proxy.counters().bytes_to_client, 4);
+
+    // Both come after the hold of the first, in order.
+    let (got, first, last) = sink.receive(11).await;
+    assert_eq!(got, b"firstsecond");
+    assert!(first - sent >= HOLD, "held for {:?} only", first - sent);
+    assert!(
+        last - sent < HOLD + QUICK,
+        "\"second\" waited for {:?}, not behind \"first\" only",
+        last - sent
+    );
+    let c = proxy.counters();
+    assert_eq!((c.late, c.bytes_to_upstream), (1, 11), "{c:?}");
+
+    // The fault is off: bytes go through at once.
+    let sent = Instant::now();
+    conn.write_all(b"third").await.unwrap();
+    let (got, first, _) = sink.receive(5).await;
+    assert_eq!(got, b"third");
+    assert!(first - sent < QUICK, "still held");
+    // A zero fraction (or hold) is no fault.
+    proxy.late(0.0, HOLD);
+    proxy.late(1.0, Duration::ZERO);
+    let sent = Instant::now();
+    round_trip_through(&mut conn, &mut sink, b"fourth").await;
+    assert!(sent.elapsed() < QUICK, "held");
+    let c = proxy.counters();
+    assert_eq!((c.late, c.reset, c.open), (1, 0, 1), "{c:?}");
+}
+
+/// Sends `msg` to the sink and waits for it there.
+async fn round_trip_through(conn: &mut TcpStream, sink: &mut Sink, msg: &[u8]) {
+    conn.write_all(msg).await.unwrap();
+    let (got, _, _) = sink.receive(msg.len()).await;
+    assert_eq!(got, msg);
+}
+
+#[tokio::test]
+async fn late_bytes_land_after_the_client_left_and_after_a_heal() {
+    let (upstream, mut sinks) = sink_server().await;
+    let proxy = TcpFaultProxy::start_seeded(upstream, 7).await.unwrap();
+    proxy.late(1.0, HOLD);
+
+    // The client sends, then resets its connection at once: the bytes still land after their
+    // hold, then the upstream connection is closed.
+    let mut gone = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+    let sent = Instant::now();
+    gone.write_all(b"request").await.unwrap();
+    sleep(Duration::from_millis(50)).await;
+    gone.set_zero_linger().unwrap();
+    drop(gone);
+    let (got, first, _) = sink.receive(7).await;
+    assert_eq!(got, b"request");
+    assert!(first - sent >= HOLD, "held for {:?} only", first - sent);
+    assert!(
+        sink.ends_within(DUE).await,
+        "the upstream connection stayed open"
+    );
+    eventually("the connection closed", || proxy.counters().open == 0).await;
+
+    // The same with a plain close (a half-close passed on after the held bytes).
+    let mut closed = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+    let sent = Instant::now();
+    closed.write_all(b"bye").await.unwrap();
+    drop(closed);
+    let (got, first, _) = sink.receive(3).await;
+    assert_eq!(got, b"bye");
+    assert!(first - sent >= HOLD, "held for {:?} only", first - sent);
+    assert!(
+        sink.ends_within(DUE).await,
+        "the upstream connection stayed open"
+    );
+
+    // A heal ends the fault, but what was held still goes out after its hold.
+    let mut conn = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+    let sent = Instant::now();
+    conn.write_all(b"held").await.unwrap();
+    sleep(Duration::from_millis(50)).await;
+    proxy.heal();
+    let (got, first, _) = sink.receive(4).await;
+    assert_eq!(got, b"held");
+    assert!(first - sent >= HOLD, "held for {:?} only", first - sent);
+    let sent = Instant::now();
+    round_trip_through(&mut conn, &mut sink, b"healed").await;
+    assert!(sent.elapsed() < QUICK, "still held");
+    let c = proxy.counters();
+    assert_eq!((c.late, c.reset, c.bytes_to_upstream), (3, 0, 20), "{c:?}");
+}
+
+#[tokio::test]
+async fn a_reset_drops_held_bytes() {
+    let (upstream, mut sinks) = sink_server().await;
+    let proxy = TcpFaultProxy::start_seeded(upstream, 7).await.unwrap();
+    let mut conn = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+    proxy.late(1.0, HOLD);
+    conn.write_all(b"lost").await.unwrap();
+    sleep(Duration::from_millis(50)).await;
+    proxy.reset_all();
+    assert!(closed_within(&mut conn, DUE).await, "not closed");
+    // The upstream side ends without the held bytes.
+    assert!(
+        sink.ends_within(DUE).await,
+        "the upstream connection stayed open"
+    );
+    let c = proxy.counters();
+    assert_eq!((c.late, c.reset, c.bytes_to_upstream), (0, 1, 0), "{c:?}");
+}
+
+#[tokio::test]
+async fn late_delivery_dice_follow_the_fraction() {
+    // Chunks one at a time (each waits for the one before to land), half of them held.
+    let (upstream, mut sinks) = sink_server().await;
+    let proxy = TcpFaultProxy::start_seeded(upstream, 11).await.unwrap();
+    let mut conn = connect(&proxy).await;
+    let mut sink = timeout(DUE, sinks.recv()).await.unwrap().unwrap();
+    let by = Duration::from_millis(40);
+    proxy.late(0.5, by);
+    for i in 0..40u8 {
+        let before = proxy.counters().late;
+        let sent = Instant::now();
+        round_trip_through(&mut conn, &mut sink, &[i]).await;
+        match proxy.counters().late - before {
+            0 => {}
+            1 => assert!(
+                sent.elapsed() >= by,
+                "counted late, held {:?}",
+                sent.elapsed()
+            ),
+            n => panic!("one chunk counted {n} times"),
+        }
+    }
+    let late = proxy.counters().late;
+    assert!((8..=32).contains(&late), "{late} of 40 held at one half");
 }

@@ -14,7 +14,10 @@ use super::candidate::CandidateArgs;
 use super::checker::{FinalObject, check};
 use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
-use super::{BackendKind, EV_EXIT, Proxy, mono_us, open_store};
+use super::restart::Instance;
+use super::{
+    BackendKind, EV_EXIT, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us, open_store, write_value,
+};
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
 
@@ -77,18 +80,28 @@ pub async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), 
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{emulator} is not available"))?;
     let place = crate::unique_name("chaos");
+    create_place(kind, &endpoint.url, &place).await?;
+    Ok((endpoint.url, place))
+}
+
+/// Creates `place` (container, table, bucket, or ZooKeeper's parent node; nothing for etcd's
+/// key prefix) in the store of `kind` at `url`, if missing.
+///
+/// # Errors
+/// A message if it cannot be created.
+pub(super) async fn create_place(kind: BackendKind, url: &str, place: &str) -> Result<(), String> {
     match kind {
-        BackendKind::Gcs => crate::gcs::GcsClient::new(&endpoint.url)
-            .create_bucket(&place)
+        BackendKind::Gcs => crate::gcs::GcsClient::new(url)
+            .create_bucket(place)
             .await
             .map_err(|e| format!("creating bucket {place}: {e}"))?,
         _ => {
-            open_store(kind, &endpoint.url, &place, true)
+            open_store(kind, url, place, true)
                 .await
                 .map_err(|e| format!("creating {place}: {e}"))?;
         }
     }
-    Ok((endpoint.url, place))
+    Ok(())
 }
 
 /// The endpoint a candidate of `kind` uses for the store at `url`: through a fault proxy of
@@ -107,7 +120,7 @@ pub async fn proxied(
     if !kind.http() {
         // etcd's URL is http://HOST:PORT, ZooKeeper's HOST:PORT.
         let upstream = url.rsplit("://").next().unwrap_or(url);
-        let proxy = TcpFaultProxy::start(upstream)
+        let proxy = TcpFaultProxy::start_seeded(upstream, seed)
             .await
             .map_err(|e| format!("starting a TCP proxy in front of {upstream}: {e}"))?;
         let endpoint = match kind {
@@ -140,8 +153,23 @@ pub async fn run_round(
         crate::unique_name("r")
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {dir:?}: {e}"))?;
-    let (url, place) = prepare(kind, &dir).await?;
+    // A restart round stops and starts its store: an instance of its own (port, data folder in
+    // the round's directory, log beside the candidates'), never the shared emulator. It lives
+    // until the end of the round (dropping it stops it).
     let key = "chaos".to_owned();
+    let mut instance = None;
+    let (url, place) = if matches!(scenario, Scenario::Restart | Scenario::RestartEmpty) {
+        let mut store =
+            Instance::start(kind, &dir.join("store"), scenario == Scenario::Restart).await?;
+        let place = crate::unique_name("chaos");
+        create_place(kind, store.url(), &place).await?;
+        store.set_round(place.clone(), key.clone());
+        let url = store.url().to_owned();
+        instance = Some(store);
+        (url, place)
+    } else {
+        prepare(kind, &dir).await?
+    };
     let mut procs = Vec::new();
     for i in 0..cfg.candidates.max(2) {
         let id = format!("c{i}");
@@ -180,9 +208,18 @@ pub async fn run_round(
         scenario,
         timing: &timing,
         procs: &mut procs,
+        store: instance.as_mut(),
     })
     .await;
     let mut violations = outcome.violations;
+    // A round that ended while its store was down: back up, so that the candidates can release
+    // and the object can be read.
+    if let Some(store) = instance.as_mut()
+        && !store.is_running()
+        && let Err(e) = store.start_again().await
+    {
+        violations.push(format!("starting the round's store again at the end: {e}"));
+    }
     // Shut down: resume, SIGTERM, wait; SIGKILL what is left.
     for p in procs.iter_mut() {
         if let Some(proxy) = &p.proxy {
@@ -231,12 +268,45 @@ pub async fn run_round(
         }
         Err(e) => return Err(format!("opening the store to read the object: {e}")),
     };
+    if let Some(store) = instance.as_mut()
+        && let Err(e) = store.stop().await
+    {
+        violations.push(format!("stopping the round's store: {e}"));
+    }
     let late_deliveries = procs
         .iter()
         .filter_map(|p| p.proxy.as_ref())
         .map(Proxy::late_deliveries)
         .sum();
-    let verdict = check(&logs(&procs), object.as_ref());
+    let logs = logs(&procs);
+    // The final object after an empty restart. The store lost everything written before the
+    // restart, the protected object included, so a write acknowledged before it is rightly not
+    // in the object: only writes acknowledged after the restart must be. The checker looks for
+    // the acknowledged write with the highest (token, seq); tokens rise across the restart (the
+    // checker checks that too), so once a write of a term begun after the restart has been
+    // acknowledged (the driver waits for one), that is one of those, and its rule applies
+    // unchanged. If none was, the rule would judge a write of before the wipe: say so here
+    // rather than let a "lost" report stand unexplained.
+    if scenario == Scenario::RestartEmpty
+        && let Some(restarted) = instance.as_ref().and_then(Instance::restarted_at)
+    {
+        let last = logs
+            .iter()
+            .flat_map(|l| l.events.iter())
+            .filter(|e| e.ev == EV_WRITE && e.outcome == OUT_ACCEPTED)
+            .max_by_key(|e| (e.token, e.seq));
+        if let Some(last) = last
+            && last.t1 < restarted
+        {
+            violations.push(format!(
+                "the last acknowledged write ({}) was sent before the store came back empty: \
+                 no write of a later term was acknowledged after the restart, or tokens did not \
+                 rise; the final object cannot be judged (a \"lost\" report below is this)",
+                write_value(&last.id, last.token, last.seq)
+            ));
+        }
+    }
+    let verdict = check(&logs, object.as_ref());
     violations.extend(verdict.violations);
     Ok(RoundReport {
         backend: kind,

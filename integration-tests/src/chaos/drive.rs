@@ -7,8 +7,9 @@ use leader_core::Timing;
 use nix::sys::signal::Signal;
 
 use super::process::{Proc, leader, logs, term_after, wait_for};
+use super::restart::{Instance, Outage, outage};
 use super::scenario::{SLACK, Scenario};
-use super::{EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, duration_us, mono_us};
+use super::{EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, Proxy, duration_us, mono_us};
 use crate::proxy::ProxyFaults;
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
@@ -19,6 +20,8 @@ pub(super) struct RoundContext<'a> {
     pub(super) timing: &'a Timing,
     /// The candidates, in the order they were spawned.
     pub(super) procs: &'a mut [Proc],
+    /// The round's own store instance (restart rounds only).
+    pub(super) store: Option<&'a mut Instance>,
 }
 
 /// What [`drive`] saw while the fault was on.
@@ -41,6 +44,7 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
         scenario,
         timing,
         procs,
+        mut store,
     } = round;
     let mut violations = Vec::new();
     let mut measured = Measured::default();
@@ -180,6 +184,22 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
                     .ok_or_else(|| format!("no leader within {wait_limit:?} of the heal"))?;
                 tokio::time::sleep(settle).await;
             }
+            Scenario::Restart | Scenario::RestartEmpty => {
+                // The store's own instance goes down mid-term and comes back (with its data, or
+                // empty): see `restart::outage` for the steps and what is checked.
+                let store = store
+                    .as_deref_mut()
+                    .ok_or("a restart round needs a store instance of its own")?;
+                let round = Outage {
+                    store,
+                    procs: &mut *procs,
+                    timing,
+                    leader: (l, token),
+                    bound,
+                };
+                outage(round, &mut violations, &mut measured).await?;
+                tokio::time::sleep(settle).await;
+            }
             Scenario::Throttle | Scenario::Lossy | Scenario::Late => {
                 let t = mono_us();
                 let faults = match scenario {
@@ -200,6 +220,13 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
                 };
                 for p in procs.iter() {
                     if let Some(proxy) = &p.proxy {
+                        let mut faults = faults;
+                        if matches!(proxy, Proxy::Tcp(_)) {
+                            // On a byte stream everything queues behind a held chunk: at 0.2
+                            // the fault is almost a stall, and the handover halfway through
+                            // rarely happens while writes are held.
+                            faults.late_fraction = faults.late_fraction.min(0.05);
+                        }
                         proxy.set(faults);
                     }
                 }

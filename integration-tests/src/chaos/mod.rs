@@ -17,6 +17,7 @@ pub mod checker;
 pub mod drill;
 mod drive;
 mod process;
+mod restart;
 mod scenario;
 mod summary;
 
@@ -149,9 +150,9 @@ impl BackendKind {
         self != BackendKind::File
     }
 
-    /// Whether it speaks HTTP, so that its proxy can answer, drop or delay single requests
-    /// (throttling, lost answers, late delivery); etcd's gRPC streams and ZooKeeper's
-    /// protocol sit behind a byte-level proxy that can only partition and stall.
+    /// Whether it speaks HTTP, so that its proxy can answer or drop single requests
+    /// (throttling, lost answers); etcd's gRPC streams and ZooKeeper's protocol sit behind a
+    /// byte-level proxy that can partition, stall and hold bytes (late delivery).
     pub fn http(self) -> bool {
         matches!(
             self,
@@ -165,19 +166,23 @@ impl BackendKind {
 pub enum Proxy {
     /// Request-level faults.
     Http(crate::proxy::FaultProxy),
-    /// Byte-level faults: partition (a blackhole) and refused connections only.
+    /// Byte-level faults: partition (a blackhole), refused connections and late delivery of
+    /// the client's bytes.
     Tcp(crate::tcp_proxy::TcpFaultProxy),
 }
 
 impl Proxy {
-    /// Puts `faults` in force. A TCP proxy honours `blackhole` (as a partition) and
-    /// `refuse_new`; request-level faults need [`BackendKind::http`].
+    /// Puts `faults` in force. A TCP proxy honours `blackhole` (as a partition),
+    /// `refuse_new` and `late_fraction`/`late_by` (as chunks of the client's bytes held, see
+    /// [`TcpFaultProxy::late`](crate::tcp_proxy::TcpFaultProxy::late)); the other
+    /// request-level faults need [`BackendKind::http`].
     pub fn set(&self, faults: crate::proxy::ProxyFaults) {
         match self {
             Proxy::Http(p) => p.set(faults),
             Proxy::Tcp(p) => {
                 p.refuse_new(faults.refuse_new);
                 p.partition(faults.blackhole);
+                p.late(faults.late_fraction, faults.late_by);
             }
         }
     }
@@ -190,11 +195,12 @@ impl Proxy {
         }
     }
 
-    /// Requests the proxy held past their sender's timeout and then delivered.
+    /// Requests (HTTP) or chunks of bytes (TCP) the proxy held past their sender's timeout
+    /// and then delivered.
     pub fn late_deliveries(&self) -> u64 {
         match self {
             Proxy::Http(p) => p.counts().late.load(std::sync::atomic::Ordering::Relaxed),
-            Proxy::Tcp(_) => 0,
+            Proxy::Tcp(p) => p.counters().late,
         }
     }
 

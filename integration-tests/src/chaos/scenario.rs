@@ -35,11 +35,20 @@ pub enum Scenario {
     /// sender has given up and re-read meanwhile), with a SIGTERM handover halfway through: no
     /// invariant breaks, a leader afterwards.
     Late,
+    /// The store itself (a dedicated emulator or server instance of the round, its own port
+    /// and data folder) is stopped mid-term and started again with its data: the leader
+    /// steps down by its deadline if the store stays away, and a leader is back within
+    /// `ttl + 2 x retry_every` (+ slack) of the restart.
+    Restart,
+    /// As [`Restart`](Self::Restart), but the store comes back empty (no persistence, or its
+    /// data folder wiped; the container, table or bucket is created again, as an operator
+    /// would): the lease record is gone, and tokens must still rise.
+    RestartEmpty,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Kill,
         Scenario::Stop,
         Scenario::Partition,
@@ -48,6 +57,8 @@ impl Scenario {
         Scenario::Term,
         Scenario::Lossy,
         Scenario::Late,
+        Scenario::Restart,
+        Scenario::RestartEmpty,
     ];
 
     /// The name used on command lines and in summaries.
@@ -61,6 +72,8 @@ impl Scenario {
             Scenario::Term => "sigterm",
             Scenario::Lossy => "lossy",
             Scenario::Late => "late",
+            Scenario::Restart => "restart",
+            Scenario::RestartEmpty => "restart-empty",
         }
     }
 
@@ -69,14 +82,23 @@ impl Scenario {
         Self::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// Whether it applies to `kind`: the file store has no proxy to partition or throttle,
-    /// and a byte-level proxy (etcd, ZooKeeper) can partition and stall but not throttle,
-    /// lose or delay single requests.
+    /// Whether it applies to `kind`: the file store has no proxy to partition, throttle or
+    /// delay, and no server to restart; a byte-level proxy (etcd, ZooKeeper) can partition,
+    /// stall and hold bytes (late delivery) but not throttle or lose single answers; the
+    /// DynamoDB emulator keeps nothing across a restart (only the empty restart applies); etcd
+    /// and ZooKeeper take their tokens from the store's own counter (revision, zxid), which a
+    /// wiped store starts again near zero: their backends refuse to go on below a token they
+    /// have seen (an error that needs a person, by design), so the empty restart does not
+    /// apply to them (the drill saw exactly that refusal, and no violation, in every run).
     pub fn applies_to(self, kind: BackendKind) -> bool {
         match self {
             Scenario::Kill | Scenario::Stop | Scenario::Term => true,
-            Scenario::Partition | Scenario::Stall => kind.proxied(),
-            Scenario::Throttle | Scenario::Lossy | Scenario::Late => kind.http(),
+            Scenario::Partition | Scenario::Stall | Scenario::Late => kind.proxied(),
+            Scenario::Throttle | Scenario::Lossy => kind.http(),
+            Scenario::Restart => kind.proxied() && kind != BackendKind::Dynamo,
+            Scenario::RestartEmpty => {
+                kind.proxied() && !matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper)
+            }
         }
     }
 
@@ -86,7 +108,9 @@ impl Scenario {
             Scenario::Kill | Scenario::Stop | Scenario::Partition => {
                 Some(t.ttl + t.retry_every + SLACK)
             }
-            Scenario::Stall => Some(t.ttl + t.retry_every * 2 + SLACK),
+            Scenario::Stall | Scenario::Restart | Scenario::RestartEmpty => {
+                Some(t.ttl + t.retry_every * 2 + SLACK)
+            }
             Scenario::Term => Some(t.poll_every.mul_f64(1.1) + SLACK),
             Scenario::Throttle | Scenario::Lossy | Scenario::Late => None,
         }
@@ -104,8 +128,15 @@ mod tests {
             for s in Scenario::ALL {
                 let expected = match s {
                     Scenario::Kill | Scenario::Stop | Scenario::Term => true,
-                    Scenario::Partition | Scenario::Stall => kind != BackendKind::File,
-                    Scenario::Throttle | Scenario::Lossy | Scenario::Late => matches!(
+                    Scenario::Partition | Scenario::Stall | Scenario::Late => {
+                        kind != BackendKind::File
+                    }
+                    Scenario::Throttle | Scenario::Lossy => matches!(
+                        kind,
+                        BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+                    ),
+                    Scenario::Restart => !matches!(kind, BackendKind::File | BackendKind::Dynamo),
+                    Scenario::RestartEmpty => matches!(
                         kind,
                         BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
                     ),
