@@ -333,6 +333,7 @@ impl Site {
             proxy,
             spawned,
             reaped: false,
+            killed_at: None,
         })
     }
 }
@@ -399,12 +400,14 @@ struct Candidate {
     /// When it was spawned ([`mono_us`]).
     spawned: u64,
     reaped: bool,
+    /// When it was sent SIGKILL, if it was ([`mono_us`]): its log's last line may be torn.
+    killed_at: Option<u64>,
 }
 
 impl Candidate {
     fn read(&self) -> CandidateLog {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        parse_log(&self.id, &text, None)
+        parse_log(&self.id, &text, self.killed_at)
     }
 
     fn events(&self) -> Vec<Event> {
@@ -431,6 +434,9 @@ impl Candidate {
     }
 
     fn kill_now(&mut self) {
+        if !self.reaped && self.killed_at.is_none() {
+            self.killed_at = Some(mono_us());
+        }
         self.signal(Signal::SIGKILL);
         if !self.reaped {
             let _ = self.child.wait();
