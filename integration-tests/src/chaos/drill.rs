@@ -2,6 +2,7 @@
 //! driver inject the fault, shuts everything down, and checks the history. The
 //! [`Scenario`]s and the [`Summary`] of many rounds live beside it and are re-exported here.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -188,8 +189,13 @@ pub async fn run_round(
         let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let err =
             std::fs::File::create(dir.join(format!("{id}.stderr"))).map_err(|e| e.to_string())?;
+        // A process group of its own: only the drive's own signals reach a candidate. In the
+        // runner's group, a SIGSTOPped leader was resumed at once in 2 of the first soak's
+        // rounds (the kernel sends SIGHUP and SIGCONT to a group with a stopped member when
+        // the group becomes orphaned, as a reparented emulator process exiting can make it).
         let child = Command::new(&cfg.candidate_bin)
             .args(args.to_args())
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
