@@ -6,10 +6,10 @@ use std::time::Duration;
 use leader_core::Timing;
 use nix::sys::signal::Signal;
 
-use super::process::{Proc, leader, logs, term_after, wait_for};
+use super::process::{Proc, leader, logs, term_after, terms_started_while_cut_off, wait_for};
 use super::restart::{Instance, Outage, outage};
 use super::scenario::{SLACK, Scenario};
-use super::{EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, Proxy, duration_us, mono_us};
+use super::{EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, duration_us, mono_us};
 use crate::proxy::ProxyFaults;
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
@@ -168,17 +168,13 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
                     }
                 }
                 // Nothing answered after the requests in flight timed out: no term may start.
-                let quiet_from = t + duration_us(timing.request_timeout) + 200_000;
-                for log in logs(procs) {
-                    for e in &log.events {
-                        if e.ev == EV_TERM_STARTED && e.t > quiet_from && e.t < healed {
-                            violations.push(format!(
-                                "{} began term {} while the store was unreachable",
-                                log.id, e.token
-                            ));
-                        }
-                    }
-                }
+                violations.extend(terms_started_while_cut_off(
+                    procs,
+                    t,
+                    timing.request_timeout,
+                    healed,
+                    "while the store was unreachable",
+                ));
                 let _ = wait_for(wait_limit, || term_after(procs, healed, None)).await;
                 expect_new(procs, healed, None, "recovery after the stall")
                     .ok_or_else(|| format!("no leader within {wait_limit:?} of the heal"))?;

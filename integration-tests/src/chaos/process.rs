@@ -93,6 +93,28 @@ pub(super) fn leader(procs: &[Proc]) -> Option<(usize, u64)> {
     best
 }
 
+/// A violation for every term started while the store could answer nobody: after `cut`
+/// (once the requests in flight then had timed out, `request_timeout` and 200 ms later) and
+/// before `until`. `while_` says what the store was doing.
+pub(super) fn terms_started_while_cut_off(
+    procs: &[Proc],
+    cut: u64,
+    request_timeout: Duration,
+    until: u64,
+    while_: &str,
+) -> Vec<String> {
+    let quiet_from = cut + super::duration_us(request_timeout) + 200_000;
+    let mut violations = Vec::new();
+    for log in logs(procs) {
+        for e in &log.events {
+            if e.ev == EV_TERM_STARTED && e.t > quiet_from && e.t < until {
+                violations.push(format!("{} began term {} {while_}", log.id, e.token));
+            }
+        }
+    }
+    violations
+}
+
 /// The first term started after `t`, not by `not_by`: (candidate, token, start).
 pub(super) fn term_after(
     procs: &[Proc],

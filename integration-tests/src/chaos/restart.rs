@@ -17,7 +17,7 @@ use leader_core::{LeaseKey, Timing};
 
 use super::drill::create_place;
 use super::drive::Measured;
-use super::process::{Proc, logs, term_after, wait_for};
+use super::process::{Proc, logs, term_after, terms_started_while_cut_off, wait_for};
 use super::scenario::SLACK;
 use super::{
     BackendKind, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, duration_us, mono_us,
@@ -407,17 +407,13 @@ pub(super) async fn outage(
 
     // Nothing answered between the stop (once the requests in flight timed out) and the
     // candidates' release.
-    let quiet_from = stopped + duration_us(timing.request_timeout) + 200_000;
-    for log in logs(procs) {
-        for e in &log.events {
-            if e.ev == EV_TERM_STARTED && e.t > quiet_from && e.t < back {
-                violations.push(format!(
-                    "{} began term {} while the store was down or held off",
-                    log.id, e.token
-                ));
-            }
-        }
-    }
+    violations.extend(terms_started_while_cut_off(
+        procs,
+        stopped,
+        timing.request_timeout,
+        back,
+        "while the store was down or held off",
+    ));
 
     let wait_limit = bound.unwrap_or(timing.ttl) + Duration::from_secs(5);
     let (n, new_token, began) = wait_for(wait_limit, || term_after(procs, back, None))
