@@ -943,8 +943,8 @@ fn check_ttl(ttl: Duration) -> Result<(), ConfigError> {
 }
 
 /// The task behind [`LeaseBackend::changes`]: a persistent watch on the lease node, set again
-/// on a new shared session when the old one ends; it hints once after each time the watch
-/// is set (a change may have happened while it was not) and at every event.
+/// on a new shared session when the old one ends or is replaced; it hints once after each
+/// time the watch is set (a change may have happened while it was not) and at every event.
 async fn watch_node(shared: Weak<SharedSession>, path: String, notifier: ChangeNotifier) {
     const FIRST_PAUSE: Duration = Duration::from_millis(100);
     const MAX_PAUSE: Duration = Duration::from_secs(5);
@@ -953,6 +953,8 @@ async fn watch_node(shared: Weak<SharedSession>, path: String, notifier: ChangeN
         let Some(session) = shared.upgrade() else {
             return;
         };
+        // Before the client: a replacement after it is then seen below.
+        let mut replaced = session.replaced();
         let client = session.client().await;
         drop(session);
         let watched = match client {
@@ -983,11 +985,26 @@ async fn watch_node(shared: Weak<SharedSession>, path: String, notifier: ChangeN
         pause = FIRST_PAUSE;
         notifier.notify();
         loop {
-            let event = watcher.changed().await;
-            notifier.notify();
-            if event.event_type == EventType::Session && event.session_state.is_terminated() {
-                // The session ended; its watches with it (the watcher yields nothing more).
-                break;
+            tokio::select! {
+                event = watcher.changed() => {
+                    notifier.notify();
+                    if event.event_type == EventType::Session
+                        && event.session_state.is_terminated()
+                    {
+                        // The session ended; its watches with it (the watcher yields nothing
+                        // more).
+                        break;
+                    }
+                }
+                gone = replaced.changed() => {
+                    if gone.is_err() {
+                        // The store is gone.
+                        return;
+                    }
+                    // A new shared session replaced this one (which no longer had a
+                    // connection): watch there.
+                    break;
+                }
             }
         }
         tokio::time::sleep(pause).await;

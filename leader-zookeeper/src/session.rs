@@ -50,15 +50,41 @@ pub(crate) async fn connect(
     }
 }
 
+/// How long the shared session may go without a connection before the next call opens a new
+/// session instead of waiting for the client to reconnect it. The client tries again at
+/// doubling intervals (100 ms, 200 ms, ... up to the session's timeout), so after an outage
+/// of a few seconds its next attempt may come seconds after the servers are back; a new
+/// session connects at once. The shared session holds no ephemeral node, so nothing is lost
+/// with it.
+pub(crate) const STALLED_AFTER: Duration = Duration::from_secs(1);
+
 /// The session the store reads, watches and writes protected objects with. It holds no
-/// ephemeral node. If it expires (a partition longer than its timeout), the next call opens
-/// a new one.
+/// ephemeral node. If it expires (a partition longer than its timeout), or has had no
+/// connection for [`STALLED_AFTER`], the next call opens a new one; the watches move to it
+/// ([`replaced`](Self::replaced)).
 pub(crate) struct SharedSession {
     hosts: String,
     connect_timeout: Duration,
-    current: Mutex<Client>,
+    current: Mutex<Current>,
     /// Held while a new session is opened, so that concurrent callers open only one.
     reconnecting: tokio::sync::Mutex<()>,
+    /// Counts the sessions that replaced the first.
+    replacements: tokio::sync::watch::Sender<u64>,
+}
+
+/// The current shared session.
+struct Current {
+    client: Client,
+    /// Since when a call has found it without a connection (`None` while it has one).
+    disconnected_since: Option<Instant>,
+}
+
+/// What a call finds the current shared session to be.
+enum Found {
+    /// Usable: connected, or briefly disconnected (the client is reconnecting it).
+    Usable(Client),
+    /// To be replaced: ended (`Err`, its state) or without a connection for so long.
+    Replace(Client, Result<Duration, zookeeper_client::SessionState>),
 }
 
 impl SharedSession {
@@ -68,8 +94,12 @@ impl SharedSession {
         Ok(Self {
             hosts,
             connect_timeout,
-            current: Mutex::new(client),
+            current: Mutex::new(Current {
+                client,
+                disconnected_since: None,
+            }),
             reconnecting: tokio::sync::Mutex::new(()),
+            replacements: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -78,37 +108,83 @@ impl SharedSession {
         connect(connector, hosts, deadline).await
     }
 
-    fn current(&self) -> Client {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A client of a live session: the current one, or a new one if it expired or closed
-    /// (opened within the call's deadline, at most the connect timeout).
+    fn current(&self) -> Client {
+        self.lock().client.clone()
+    }
+
+    /// The current session and whether it must be replaced, noting when it was first found
+    /// without a connection.
+    fn find(&self) -> Found {
+        use zookeeper_client::SessionState;
+        let mut current = self.lock();
+        let client = current.client.clone();
+        let state = client.state();
+        if state.is_terminated() {
+            return Found::Replace(client, Err(state));
+        }
+        if state != SessionState::Disconnected {
+            current.disconnected_since = None;
+            return Found::Usable(client);
+        }
+        let now = Instant::now();
+        let since = *current.disconnected_since.get_or_insert(now);
+        let without = now.saturating_duration_since(since);
+        if without < STALLED_AFTER {
+            Found::Usable(client)
+        } else {
+            Found::Replace(client, Ok(without))
+        }
+    }
+
+    /// A client of a live session: the current one, or a new one if it ended or has had no
+    /// connection for [`STALLED_AFTER`] (opened within the call's deadline, at most the
+    /// connect timeout).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if a new session was needed and no server could open one.
     pub(crate) async fn client(&self) -> Result<Client, Error> {
-        let current = self.current();
-        if !current.state().is_terminated() {
-            return Ok(current);
+        if let Found::Usable(client) = self.find() {
+            return Ok(client);
         }
         let _one = self.reconnecting.lock().await;
-        let current = self.current();
-        let state = current.state();
-        if !state.is_terminated() {
-            return Ok(current);
-        }
+        let (old, why) = match self.find() {
+            Found::Usable(client) => return Ok(client),
+            Found::Replace(client, why) => (client, why),
+        };
         let deadline =
             leader_core::backend::call_deadline().min(Instant::now() + self.connect_timeout);
         let fresh = Self::open(&self.hosts, deadline).await?;
-        warn!(
-            hosts = %self.hosts,
-            old = %current.session_id(),
-            new = %fresh.session_id(),
-            "the store's shared ZooKeeper session ended ({state}); opened a new one"
-        );
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = fresh.clone();
+        match why {
+            Err(state) => warn!(
+                hosts = %self.hosts,
+                old = %old.session_id(),
+                new = %fresh.session_id(),
+                "the store's shared ZooKeeper session ended ({state}); opened a new one"
+            ),
+            Ok(without) => warn!(
+                hosts = %self.hosts,
+                old = %old.session_id(),
+                new = %fresh.session_id(),
+                "the store's shared ZooKeeper session had no connection for {without:?}; opened \
+                 a new one rather than wait for the client's next reconnect attempt"
+            ),
+        }
+        *self.lock() = Current {
+            client: fresh.clone(),
+            disconnected_since: None,
+        };
+        self.replacements.send_modify(|n| *n += 1);
         Ok(fresh)
+    }
+
+    /// Changes each time a new session replaces the current one: a watch set on the old one
+    /// must be set again on the new one.
+    pub(crate) fn replaced(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.replacements.subscribe()
     }
 
     /// The ensemble's host list.

@@ -838,3 +838,78 @@ async fn a_lost_connection_is_repaired_within_the_session() {
     );
     assert!(a.release().await.unwrap());
 }
+
+/// After an outage of several seconds, the store answers as soon as the server does again,
+/// and its watch works again: the shared session does not wait out the ZooKeeper client's
+/// reconnect backoff, which doubles after every failed attempt (100 ms, 200 ms, ... 6.4 s),
+/// so that a server back 7.5 s into an outage would otherwise be tried again only about
+/// 12.7 s into it.
+#[tokio::test]
+async fn after_a_long_outage_reads_and_the_watch_resume_as_soon_as_the_server_is_back() {
+    let Some(endpoint) = support::endpoint().await else {
+        return;
+    };
+    let proxy = integration_tests::tcp_proxy::TcpFaultProxy::start(endpoint.as_str())
+        .await
+        .unwrap();
+    let path = support::unique_path("outage");
+    let store = support::store(&proxy.endpoint(), &path).await;
+    let raw = support::raw(&endpoint).await;
+    let key = key();
+    let mut changes = store.changes(&key).expect("inside a runtime");
+    timeout(Duration::from_secs(2), changes.changed())
+        .await
+        .expect("a first hint once the watch is set");
+    assert!(store.read(&key).await.unwrap().is_none());
+
+    // The server goes away: open connections are reset, new ones closed at once. The store
+    // is read as an elector would poll it, each read given 400 ms.
+    proxy.refuse_new(true);
+    proxy.reset_all();
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_millis(7500) {
+        let read = timeout(Duration::from_millis(400), store.read(&key)).await;
+        assert!(
+            !matches!(read, Ok(Ok(_))),
+            "a read cannot succeed while the server is away"
+        );
+        sleep(Duration::from_millis(300)).await;
+    }
+
+    proxy.refuse_new(false);
+    let back = Instant::now();
+    loop {
+        if let Ok(Ok(read)) = timeout(Duration::from_millis(400), store.read(&key)).await {
+            assert!(read.is_none());
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(3),
+            "no read succeeded within 3 s of the server being back"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let took = back.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the first read succeeded {took:?} after the server was back"
+    );
+
+    // The watch was set again on the session that answers: a change made by someone else
+    // is hinted at at once.
+    while timeout(Duration::from_millis(300), changes.changed())
+        .await
+        .is_ok()
+    {}
+    raw.create(
+        &store.lease_path(&key),
+        b"not a lease record",
+        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    timeout(Duration::from_secs(1), changes.changed())
+        .await
+        .expect("no hint within 1 s of a create after the outage");
+    raw.delete(&store.lease_path(&key), None).await.unwrap();
+}
