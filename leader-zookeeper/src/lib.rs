@@ -128,7 +128,14 @@
 //!   [`Error::Indeterminate`](leader_core::Error) and never sent again: the core re-reads.
 //!   Connections and sessions are repaired by the client as far as ZooKeeper allows: a
 //!   server restart or a move to another server of the ensemble keeps every session (and so
-//!   every term) whose timeout has not passed.
+//!   every term) whose timeout has not passed. The client waits longer after each failed
+//!   reconnect (100 ms, doubling), so after an outage of a few seconds a call that finds the
+//!   shared session without a connection for a second opens a new one at once rather than
+//!   wait for the client's next attempt; the watch moves to it. A term's session cannot be
+//!   replaced (it owns the lease node): its holder depends on the client's reconnect until
+//!   its deadline. After a server restart, a node whose holder is gone stays until its
+//!   session times out, counted from the server's start: a follower takes over about a ttl
+//!   after the servers are back.
 //!
 //! # Permissions and server requirements
 //!
