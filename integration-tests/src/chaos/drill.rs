@@ -17,7 +17,7 @@ use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
 use super::restart::Instance;
 use super::{
-    BackendKind, EV_EXIT, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us, open_store, write_value,
+    BackendKind, EV_EXIT, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us, open_store_patiently, write_value,
 };
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
@@ -97,7 +97,7 @@ pub(super) async fn create_place(kind: BackendKind, url: &str, place: &str) -> R
             .await
             .map_err(|e| format!("creating bucket {place}: {e}"))?,
         _ => {
-            open_store(kind, url, place, true)
+            open_store_patiently(kind, url, place, true)
                 .await
                 .map_err(|e| format!("creating {place}: {e}"))?;
         }
@@ -261,7 +261,7 @@ pub async fn run_round(
     } else {
         dir.join("store").display().to_string()
     };
-    let object = match open_store(kind, &endpoint, &place, false).await {
+    let object = match open_store_patiently(kind, &endpoint, &place, false).await {
         Ok((_, fenced)) => {
             let name = ObjectName::new(format!("{key}-object")).map_err(|e| e.to_string())?;
             match fenced.fenced_read(&name).await {

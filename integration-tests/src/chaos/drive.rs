@@ -86,7 +86,37 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
             Scenario::Stop => {
                 let t = mono_us();
                 procs[l].signal(Signal::SIGSTOP);
-                let _ = wait_for(wait_limit, || term_after(procs, t, Some(l))).await;
+                // The pause must take hold and last until the drive resumes it. A leader that
+                // runs on is not the election's fault but the drill's premise broken (in 2 of
+                // the first long run's rounds the leader went on writing); said as such, with
+                // what the kernel reported.
+                let id = procs[l].id.clone();
+                wait_for(Duration::from_secs(1), || {
+                    (procs[l].stopped() == Some(true)).then_some(())
+                })
+                .await
+                .ok_or_else(|| {
+                    format!(
+                        "harness: {id} was sent SIGSTOP but the kernel does not report it stopped \
+                         (stopped: {:?})",
+                        procs[l].stopped()
+                    )
+                })?;
+                let mut running_again = None;
+                let _ = wait_for(wait_limit, || {
+                    if running_again.is_none() && procs[l].stopped() != Some(true) {
+                        running_again = Some(mono_us());
+                    }
+                    term_after(procs, t, Some(l))
+                })
+                .await;
+                if let Some(at) = running_again {
+                    return Err(format!(
+                        "harness: {id} was running again {:.0} ms after its SIGSTOP, before the \
+                         drive sent SIGCONT: something else resumed it",
+                        ms(at.saturating_sub(t))
+                    ));
+                }
                 let found = expect_new(procs, t, Some(l), "failover after SIGSTOP");
                 let (n, new_token, _) = found
                     .ok_or_else(|| format!("no new leader within {wait_limit:?} of the SIGSTOP"))?;

@@ -277,6 +277,30 @@ pub async fn open_store(
     Ok((store.clone(), store))
 }
 
+/// [`open_store`] for the drill's own setup and checks, not a candidate's: an emulator busy
+/// with several rounds may answer a check late, and the round should not be lost to it. A
+/// transient error is tried again, up to three attempts half a second apart.
+///
+/// # Errors
+/// As [`open_store`]: the last error, or the first that needs a person.
+pub async fn open_store_patiently(
+    kind: BackendKind,
+    endpoint: &str,
+    place: &str,
+    create: bool,
+) -> Result<OpenedStore, Error> {
+    let mut attempt = 1;
+    loop {
+        match open_store(kind, endpoint, place, create).await {
+            Err(e) if e.is_retryable() && attempt < 3 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// What a candidate did, one JSON object per line of its stdout. Times are [`mono_us`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {

@@ -41,6 +41,20 @@ impl Proc {
         }
     }
 
+    /// Whether the kernel has it stopped by a signal now (`T` in `/proc/PID/stat`); `None` if
+    /// that cannot be read (it has exited, or this is not Linux).
+    pub(super) fn stopped(&self) -> Option<bool> {
+        let pid = self.pid()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `PID (COMM) STATE ...`; COMM may hold spaces and parentheses.
+        let state = stat
+            .get(stat.rfind(')')? + 1..)?
+            .trim_start()
+            .chars()
+            .next()?;
+        Some(matches!(state, 'T' | 't'))
+    }
+
     /// `Some(())` once this candidate has logged the end of term `token`.
     pub(super) fn term_ended(&self, token: u64) -> Option<()> {
         self.read()

@@ -21,7 +21,7 @@ use super::process::{Proc, logs, term_after, terms_started_while_cut_off, wait_f
 use super::scenario::SLACK;
 use super::{
     BackendKind, EV_TERM_ENDED, EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, duration_us, mono_us,
-    open_store,
+    open_store_patiently,
 };
 use crate::proxy::ProxyFaults;
 
@@ -172,7 +172,7 @@ impl Instance {
     /// # Errors
     /// A message if it cannot be read.
     pub(super) async fn lease_record(&self) -> Result<Option<Stored>, String> {
-        let (backend, _) = open_store(self.kind, &self.url, &self.place, false)
+        let (backend, _) = open_store_patiently(self.kind, &self.url, &self.place, false)
             .await
             .map_err(|e| format!("opening the restarted store: {e}"))?;
         let key = LeaseKey::new(self.key.clone()).map_err(|e| e.to_string())?;
