@@ -134,9 +134,14 @@ impl Summary {
             .sum()
     }
 
-    /// Rounds summarised so far.
+    /// Rounds summarised so far (setup errors included).
     pub fn rounds(&self) -> usize {
         self.rows.values().map(|r| r.rounds).sum()
+    }
+
+    /// Rounds judged so far: those whose setup did not fail.
+    pub fn judged(&self) -> usize {
+        self.rows.values().map(|r| r.rounds - r.setup_errors).sum()
     }
 
     /// Two tables and the example violations:
