@@ -289,6 +289,17 @@ fn check_log(log: &CandidateLog, out: &mut Vec<String>) {
 /// - the last acknowledged write is in the object (or a later write of unknown outcome), no
 ///   write reported as failed is, and the object's fence is the token of its content.
 pub fn check(logs: &[CandidateLog], object: Option<&FinalObject>) -> Verdict {
+    check_rules(logs, Some(object))
+}
+
+/// [`check`] when the protected object could not be read at the end of the round: every rule
+/// but the last (nothing lost, nothing failed applied, the fence matches the content).
+pub fn check_without_object(logs: &[CandidateLog]) -> Verdict {
+    check_rules(logs, None)
+}
+
+/// The rules of [`check`]; the object's with `Some` (the object, or `None` if it is absent).
+fn check_rules(logs: &[CandidateLog], object: Option<Option<&FinalObject>>) -> Verdict {
     let mut v = Verdict::default();
     let mut spans: Vec<TermSpan> = Vec::new();
     let mut starts: BTreeMap<u64, Vec<String>> = BTreeMap::new();
@@ -451,6 +462,10 @@ pub fn check(logs: &[CandidateLog], object: Option<&FinalObject>) -> Verdict {
         }
     }
     // Nothing lost.
+    let Some(object) = object else {
+        v.terms = terms;
+        return v;
+    };
     let last = accepted.iter().max_by_key(|w| (w.token, w.seq));
     match (last, object) {
         (None, _) => {}
@@ -654,5 +669,36 @@ mod tests {
         );
         let v = check(&[a], Some(&obj("a/3/0")));
         assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+    }
+
+    /// Without the object, every rule but the object's still holds: the overlap, the
+    /// repeated and the lower token and the stale write are caught, and an acknowledged write
+    /// is not called lost.
+    #[test]
+    fn without_the_object_only_its_rule_is_left_out() {
+        let a = log(
+            "a",
+            vec![
+                ev(EV_TERM_STARTED, 100, 5, 2000),
+                write(200, 250, "a", 5, 1, OUT_ACCEPTED),
+            ],
+        );
+        let b = log(
+            "b",
+            vec![
+                ev(EV_TERM_STARTED, 1500, 5, 4000),
+                write(1600, 1650, "b", 5, 1, OUT_ACCEPTED),
+                ev(EV_TERM_STARTED, 4100, 4, 6000),
+                write(4200, 4250, "b", 4, 2, OUT_ACCEPTED),
+            ],
+        );
+        let v = check_without_object(&[a, b]);
+        let all = v.violations.join("\n");
+        assert!(all.contains("terms overlap"), "{all}");
+        assert!(all.contains("issued more than once"), "{all}");
+        assert!(all.contains("tokens do not increase"), "{all}");
+        assert!(all.contains("stale write accepted"), "{all}");
+        assert!(!all.contains("is lost"), "{all}");
+        assert_eq!(v.terms.len(), 3);
     }
 }
