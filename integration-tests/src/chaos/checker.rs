@@ -584,10 +584,9 @@ mod tests {
         assert_eq!(v.first_term_after(100, Some("a")).unwrap().token, 2);
     }
 
-    #[test]
-    fn overlap_repeat_stale_and_loss_are_caught() {
-        // a's term runs to its deadline 2000; b starts at 1500 with a lower token, and its
-        // write is accepted after a's; the object lost a's write.
+    /// a's term runs to its deadline 2000; b starts at 1500 with the same token, then takes
+    /// a lower one, and its write is accepted after a's.
+    fn tangled() -> [CandidateLog; 2] {
         let a = log(
             "a",
             vec![
@@ -604,7 +603,13 @@ mod tests {
                 write(4200, 4250, "b", 4, 2, OUT_ACCEPTED),
             ],
         );
-        let v = check(&[a, b], Some(&obj("a/5/1")));
+        [a, b]
+    }
+
+    #[test]
+    fn overlap_repeat_stale_and_loss_are_caught() {
+        // The object holds a's write, not the last one acknowledged.
+        let v = check(&tangled(), Some(&obj("a/5/1")));
         let all = v.violations.join("\n");
         assert!(all.contains("terms overlap"), "{all}");
         assert!(all.contains("issued more than once"), "{all}");
@@ -676,23 +681,7 @@ mod tests {
     /// is not called lost.
     #[test]
     fn without_the_object_only_its_rule_is_left_out() {
-        let a = log(
-            "a",
-            vec![
-                ev(EV_TERM_STARTED, 100, 5, 2000),
-                write(200, 250, "a", 5, 1, OUT_ACCEPTED),
-            ],
-        );
-        let b = log(
-            "b",
-            vec![
-                ev(EV_TERM_STARTED, 1500, 5, 4000),
-                write(1600, 1650, "b", 5, 1, OUT_ACCEPTED),
-                ev(EV_TERM_STARTED, 4100, 4, 6000),
-                write(4200, 4250, "b", 4, 2, OUT_ACCEPTED),
-            ],
-        );
-        let v = check_without_object(&[a, b]);
+        let v = check_without_object(&tangled());
         let all = v.violations.join("\n");
         assert!(all.contains("terms overlap"), "{all}");
         assert!(all.contains("issued more than once"), "{all}");
