@@ -953,61 +953,76 @@ async fn watch_node(shared: Weak<SharedSession>, path: String, notifier: ChangeN
         let Some(session) = shared.upgrade() else {
             return;
         };
-        // Before the client: a replacement after it is then seen below.
+        // Taken before the client, so that a replacement from here on ends every wait below:
+        // the watch is then set on the new session at once.
         let mut replaced = session.replaced();
         let client = session.client().await;
         drop(session);
-        let watched = match client {
-            Ok(client) => client
-                .watch(&path, AddWatchMode::Persistent)
-                .await
-                .map(|watcher| (client, watcher)),
-            Err(e) => {
-                debug!(node = %path, error = %e, "no shared session to watch the lease node with; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
-                continue;
-            }
-        };
-        let (_client, mut watcher) = match watched {
-            Ok(w) => w,
-            Err(ZkError::Unimplemented) => {
-                warn!(node = %path, "the ZooKeeper server has no persistent watches (3.6 or later needed); followers only poll");
-                return;
-            }
-            Err(e) => {
-                debug!(node = %path, error = %e, "could not watch the lease node; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
-                continue;
-            }
-        };
-        pause = FIRST_PAUSE;
-        notifier.notify();
-        loop {
-            tokio::select! {
-                event = watcher.changed() => {
-                    notifier.notify();
-                    if event.event_type == EventType::Session
-                        && event.session_state.is_terminated()
-                    {
-                        // The session ended; its watches with it (the watcher yields nothing
-                        // more).
-                        break;
+        let trouble = match client {
+            Ok(client) => {
+                // A watch sent on a session without a connection waits for it to reconnect.
+                let watched = tokio::select! {
+                    watched = client.watch(&path, AddWatchMode::Persistent) => Some(watched),
+                    gone = replaced.changed() => {
+                        if gone.is_err() {
+                            return;
+                        }
+                        None
                     }
-                }
-                gone = replaced.changed() => {
-                    if gone.is_err() {
-                        // The store is gone.
+                };
+                match watched {
+                    None => {
+                        pause = FIRST_PAUSE;
+                        continue;
+                    }
+                    Some(Ok(mut watcher)) => {
+                        pause = FIRST_PAUSE;
+                        notifier.notify();
+                        loop {
+                            tokio::select! {
+                                event = watcher.changed() => {
+                                    notifier.notify();
+                                    if event.event_type == EventType::Session
+                                        && event.session_state.is_terminated()
+                                    {
+                                        // The session ended, its watches with it (the
+                                        // watcher yields nothing more).
+                                        break;
+                                    }
+                                }
+                                gone = replaced.changed() => {
+                                    if gone.is_err() {
+                                        return;
+                                    }
+                                    // A new shared session replaced this one (which had no
+                                    // connection): watch there.
+                                    break;
+                                }
+                            }
+                        }
+                        // Until the next session: the client is dropped now.
+                        drop(client);
+                        continue;
+                    }
+                    Some(Err(ZkError::Unimplemented)) => {
+                        warn!(node = %path, "the ZooKeeper server has no persistent watches (3.6 or later needed); followers only poll");
                         return;
                     }
-                    // A new shared session replaced this one (which no longer had a
-                    // connection): watch there.
-                    break;
+                    Some(Err(e)) => format!("could not watch the lease node: {e}"),
                 }
             }
+            Err(e) => format!("no shared session to watch the lease node with: {e}"),
+        };
+        debug!(node = %path, %trouble, "trying again");
+        tokio::select! {
+            () = tokio::time::sleep(pause) => pause = (pause * 2).min(MAX_PAUSE),
+            gone = replaced.changed() => {
+                if gone.is_err() {
+                    return;
+                }
+                pause = FIRST_PAUSE;
+            }
         }
-        tokio::time::sleep(pause).await;
     }
 }
 

@@ -1,13 +1,13 @@
 //! ZooKeeper sessions: opening one within a deadline, and the store's shared session, which
 //! is replaced by a new one when it expires.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leader_core::Error;
 use tokio::time::Instant;
 use tracing::warn;
-use zookeeper_client::{Client, Connector, Error as ZkError};
+use zookeeper_client::{Client, Connector, Error as ZkError, SessionState};
 
 /// The session timeout of the shared session (reads, watches, fenced objects). It holds no
 /// ephemeral nodes, so it only decides how long a broken connection may be repaired before
@@ -75,8 +75,45 @@ pub(crate) struct SharedSession {
 /// The current shared session.
 struct Current {
     client: Client,
-    /// Since when a call has found it without a connection (`None` while it has one).
-    disconnected_since: Option<Instant>,
+    /// Since when it has had no connection (`None` while it has one), kept by [`track`].
+    disconnected: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Current {
+    fn new(client: Client) -> Self {
+        let disconnected = track(&client);
+        Self {
+            client,
+            disconnected,
+        }
+    }
+}
+
+/// Follows the state of `client`'s session and keeps since when it has had no connection.
+/// The task ends with the session (a terminal state), or at the first change after the
+/// session is no longer current.
+fn track(client: &Client) -> Arc<Mutex<Option<Instant>>> {
+    let disconnected = Arc::new(Mutex::new(None));
+    let kept = Arc::downgrade(&disconnected);
+    let mut states = client.state_watcher();
+    tokio::spawn(async move {
+        loop {
+            let state = states.changed().await;
+            let Some(since) = kept.upgrade() else {
+                return;
+            };
+            let mut since = since.lock().unwrap_or_else(PoisonError::into_inner);
+            if state == SessionState::Disconnected {
+                since.get_or_insert_with(Instant::now);
+            } else {
+                *since = None;
+            }
+            if state.is_terminated() {
+                return;
+            }
+        }
+    });
+    disconnected
 }
 
 /// What a call finds the current shared session to be.
@@ -84,7 +121,7 @@ enum Found {
     /// Usable: connected, or briefly disconnected (the client is reconnecting it).
     Usable(Client),
     /// To be replaced: ended (`Err`, its state) or without a connection for so long.
-    Replace(Client, Result<Duration, zookeeper_client::SessionState>),
+    Replace(Client, Result<Duration, SessionState>),
 }
 
 impl SharedSession {
@@ -94,10 +131,7 @@ impl SharedSession {
         Ok(Self {
             hosts,
             connect_timeout,
-            current: Mutex::new(Current {
-                client,
-                disconnected_since: None,
-            }),
+            current: Mutex::new(Current::new(client)),
             reconnecting: tokio::sync::Mutex::new(()),
             replacements: tokio::sync::watch::Sender::new(0),
         })
@@ -116,27 +150,23 @@ impl SharedSession {
         self.lock().client.clone()
     }
 
-    /// The current session and whether it must be replaced, noting when it was first found
-    /// without a connection.
+    /// The current session, and whether it must be replaced.
     fn find(&self) -> Found {
-        use zookeeper_client::SessionState;
-        let mut current = self.lock();
+        let current = self.lock();
         let client = current.client.clone();
         let state = client.state();
         if state.is_terminated() {
             return Found::Replace(client, Err(state));
         }
-        if state != SessionState::Disconnected {
-            current.disconnected_since = None;
-            return Found::Usable(client);
-        }
-        let now = Instant::now();
-        let since = *current.disconnected_since.get_or_insert(now);
-        let without = now.saturating_duration_since(since);
-        if without < STALLED_AFTER {
-            Found::Usable(client)
-        } else {
-            Found::Replace(client, Ok(without))
+        let since = *current
+            .disconnected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match since.map(|t| t.elapsed()) {
+            Some(without) if state == SessionState::Disconnected && without >= STALLED_AFTER => {
+                Found::Replace(client, Ok(without))
+            }
+            _ => Found::Usable(client),
         }
     }
 
@@ -173,10 +203,7 @@ impl SharedSession {
                  a new one rather than wait for the client's next reconnect attempt"
             ),
         }
-        *self.lock() = Current {
-            client: fresh.clone(),
-            disconnected_since: None,
-        };
+        *self.lock() = Current::new(fresh.clone());
         self.replacements.send_modify(|n| *n += 1);
         Ok(fresh)
     }
