@@ -260,6 +260,7 @@ async fn main() -> ExitCode {
         out: args.out.clone(),
     });
     let summary = Arc::new(Mutex::new(Summary::default()));
+    let panicked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     run.write(&run.report(&Summary::default(), "running"));
     let mut backends = JoinSet::new();
     for plan in plans {
@@ -271,6 +272,7 @@ async fn main() -> ExitCode {
         };
         let summary = summary.clone();
         let run = run.clone();
+        let panicked = panicked.clone();
         let keep_data = args.keep_data;
         backends.spawn(async move {
             let kind = plan.kind;
@@ -315,7 +317,9 @@ async fn main() -> ExitCode {
                 let (i, scenario, start, end, report) = match done {
                     Ok(d) => d,
                     Err(e) => {
+                        // Counted as a failure of the run (the exit code says so).
                         eprintln!("chaos_soak: a {} round panicked: {e}", kind.name());
+                        panicked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         continue;
                     }
                 };
@@ -377,7 +381,8 @@ async fn main() -> ExitCode {
     while backends.join_next().await.is_some() {}
     let summary = summary.lock().unwrap_or_else(|e| e.into_inner());
     let planned: usize = run.plans.iter().map(|p| p.1).sum();
-    let status = if summary.judged() < planned {
+    let panics = panicked.load(std::sync::atomic::Ordering::SeqCst);
+    let mut status = if summary.judged() < planned {
         format!(
             "finished; {planned} rounds planned, {} judged (the rest not started in time, or \
              their setup failed)",
@@ -386,10 +391,13 @@ async fn main() -> ExitCode {
     } else {
         "finished".to_owned()
     };
+    if panics > 0 {
+        status.push_str(&format!("; {panics} rounds panicked (see stderr)"));
+    }
     let text = run.report(&summary, &status);
     println!("{text}");
     run.write(&text);
-    if summary.failures() == 0 {
+    if summary.failures() == 0 && panics == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

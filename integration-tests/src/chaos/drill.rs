@@ -305,10 +305,12 @@ pub async fn run_round(
     }
     let verdict = match &object {
         Ok(object) => check(&logs, object.as_ref()),
-        Err(e) => {
+        Err((e, transient)) => {
             let verdict = check_without_object(&logs);
-            if violations.is_empty() && verdict.violations.is_empty() {
-                // Not judged whole: a setup error (the soak runs the round again).
+            if *transient && violations.is_empty() && verdict.violations.is_empty() {
+                // The store did not answer in time: the round is not judged whole, a setup
+                // error (the soak runs it again). Any other error reading the object (a
+                // malformed one, say) is a finding.
                 return Err(e.clone());
             }
             // What was found stands; the rule that needs the object could not be checked.
@@ -336,13 +338,14 @@ pub async fn run_round(
 /// with other rounds may answer late: a transient error is tried again for up to 20 s.
 ///
 /// # Errors
-/// A message if it could not be read.
+/// A message if it could not be read, and whether only because the store did not answer in
+/// time (a transient error to the end).
 async fn final_object(
     kind: BackendKind,
     endpoint: &str,
     place: &str,
     name: &ObjectName,
-) -> Result<Option<FinalObject>, String> {
+) -> Result<Option<FinalObject>, (String, bool)> {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let read = match open_store(kind, endpoint, place, false).await {
@@ -366,7 +369,7 @@ async fn final_object(
                 tracing::debug!(error = %e, "the final object could not be read yet");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err((e, _)) => return Err(e),
+            Err(unread) => return Err(unread),
         }
     }
 }

@@ -133,6 +133,12 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
                         .then_some(())
                 })
                 .await;
+                if procs[l].stopped() != Some(true) {
+                    return Err(format!(
+                        "harness: {id} was running again before the drive sent SIGCONT: \
+                         something else resumed it"
+                    ));
+                }
                 let resumed = mono_us();
                 procs[l].signal(Signal::SIGCONT);
                 let noticed = wait_for(Duration::from_secs(3), || procs[l].term_ended(token)).await;
