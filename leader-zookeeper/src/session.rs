@@ -120,8 +120,8 @@ fn track(client: &Client) -> Arc<Mutex<Option<Instant>>> {
 enum Found {
     /// Usable: connected, or briefly disconnected (the client is reconnecting it).
     Usable(Client),
-    /// To be replaced: ended (`Err`, its state) or without a connection for so long.
-    Replace(Client, Result<Duration, SessionState>),
+    /// To be replaced: ended, or without a connection for so long (said how, for the log).
+    Replace(Client, String),
 }
 
 impl SharedSession {
@@ -156,7 +156,7 @@ impl SharedSession {
         let client = current.client.clone();
         let state = client.state();
         if state.is_terminated() {
-            return Found::Replace(client, Err(state));
+            return Found::Replace(client, format!("ended ({state})"));
         }
         let since = *current
             .disconnected
@@ -164,7 +164,13 @@ impl SharedSession {
             .unwrap_or_else(PoisonError::into_inner);
         match since.map(|t| t.elapsed()) {
             Some(without) if state == SessionState::Disconnected && without >= STALLED_AFTER => {
-                Found::Replace(client, Ok(without))
+                Found::Replace(
+                    client,
+                    format!(
+                        "had no connection for {without:?} (the client's next reconnect \
+                         attempt may be seconds away)"
+                    ),
+                )
             }
             _ => Found::Usable(client),
         }
@@ -188,21 +194,12 @@ impl SharedSession {
         let deadline =
             leader_core::backend::call_deadline().min(Instant::now() + self.connect_timeout);
         let fresh = Self::open(&self.hosts, deadline).await?;
-        match why {
-            Err(state) => warn!(
-                hosts = %self.hosts,
-                old = %old.session_id(),
-                new = %fresh.session_id(),
-                "the store's shared ZooKeeper session ended ({state}); opened a new one"
-            ),
-            Ok(without) => warn!(
-                hosts = %self.hosts,
-                old = %old.session_id(),
-                new = %fresh.session_id(),
-                "the store's shared ZooKeeper session had no connection for {without:?}; opened \
-                 a new one rather than wait for the client's next reconnect attempt"
-            ),
-        }
+        warn!(
+            hosts = %self.hosts,
+            old = %old.session_id(),
+            new = %fresh.session_id(),
+            "the store's shared ZooKeeper session {why}; opened a new one"
+        );
         *self.lock() = Current::new(fresh.clone());
         self.replacements.send_modify(|n| *n += 1);
         Ok(fresh)
