@@ -228,11 +228,6 @@ impl TcpFaultProxy {
     /// partition or a reset, however, drops what is held with the connection. Each held chunk
     /// is counted in [`TcpProxyCounters::late`] once it is forwarded.
     pub fn late(&self, fraction: f64, by: Duration) {
-        let fraction = if fraction.is_nan() {
-            0.0
-        } else {
-            fraction.clamp(0.0, 1.0)
-        };
         self.shared.control.send_if_modified(|c| {
             let changed = c.late_fraction != fraction || c.late_by != by;
             c.late_fraction = fraction;

@@ -125,6 +125,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// One backend's share of the soak.
+#[derive(Clone)]
 struct Plan {
     kind: BackendKind,
     scenarios: Vec<Scenario>,
@@ -139,7 +140,7 @@ struct Run {
     cores: usize,
     origin: Instant,
     minutes: Option<f64>,
-    plans: Vec<(BackendKind, usize, usize, Vec<Scenario>)>,
+    plans: Vec<Plan>,
     out: PathBuf,
 }
 
@@ -171,11 +172,13 @@ impl Run {
              each with 3 candidate processes behind their own fault proxies:"
                 .to_owned(),
         ];
-        for (kind, rounds, parallel, scenarios) in &self.plans {
-            let names: Vec<&str> = scenarios.iter().map(|s| s.name()).collect();
+        for plan in &self.plans {
+            let names: Vec<&str> = plan.scenarios.iter().map(|s| s.name()).collect();
             head.push(format!(
-                "#   {:<9} P={parallel}, {rounds} rounds round-robin over {}",
-                kind.name(),
+                "#   {:<9} P={}, {} rounds round-robin over {}",
+                plan.kind.name(),
+                plan.parallel,
+                plan.rounds,
                 names.join(",")
             ));
         }
@@ -253,10 +256,7 @@ async fn main() -> ExitCode {
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         origin,
         minutes: args.minutes,
-        plans: plans
-            .iter()
-            .map(|p| (p.kind, p.rounds, p.parallel, p.scenarios.clone()))
-            .collect(),
+        plans: plans.clone(),
         out: args.out.clone(),
     });
     let summary = Arc::new(Mutex::new(Summary::default()));
@@ -380,7 +380,7 @@ async fn main() -> ExitCode {
     }
     while backends.join_next().await.is_some() {}
     let summary = summary.lock().unwrap_or_else(|e| e.into_inner());
-    let planned: usize = run.plans.iter().map(|p| p.1).sum();
+    let planned: usize = run.plans.iter().map(|p| p.rounds).sum();
     let panics = panicked.load(std::sync::atomic::Ordering::SeqCst);
     let mut status = if summary.judged() < planned {
         format!(

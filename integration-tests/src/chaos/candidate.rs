@@ -12,9 +12,9 @@ use leader_core::{
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{
-    BackendKind, EV_EXIT, EV_READY, EV_RELEASING, EV_RENEWED, EV_TERM_ENDED, EV_TERM_STARTED,
-    EV_WRITE, Event, OUT_ACCEPTED, OUT_FAILED, OUT_FENCED, OUT_UNKNOWN, instant_us, mono_us,
-    open_store, write_value,
+    BackendKind, END_SIGTERM, EV_EXIT, EV_READY, EV_RELEASING, EV_RENEWED, EV_TERM_ENDED,
+    EV_TERM_STARTED, EV_WRITE, Event, OUT_ACCEPTED, OUT_FAILED, OUT_FENCED, OUT_UNKNOWN,
+    instant_us, mono_us, open_store, write_value,
 };
 
 /// A candidate's settings, given as `name=value` arguments.
@@ -284,7 +284,7 @@ impl Worker<'_> {
             let woke = loop {
                 tokio::select! {
                     biased;
-                    _ = sigterm.recv() => break "sigterm",
+                    _ = sigterm.recv() => break END_SIGTERM,
                     _ = term.cancelled() => break "cancelled",
                     _ = changes.changed() => {
                         if term.deadline() != deadline {
@@ -301,7 +301,7 @@ impl Worker<'_> {
                 }
             };
             if !woke.is_empty() {
-                sigterm_came = woke == "sigterm";
+                sigterm_came = woke == END_SIGTERM;
                 break woke;
             }
             if fenced_out {

@@ -301,7 +301,7 @@ pub fn check_without_object(logs: &[CandidateLog]) -> Verdict {
 /// The rules of [`check`]; the object's with `Some` (the object, or `None` if it is absent).
 fn check_rules(logs: &[CandidateLog], object: Option<Option<&FinalObject>>) -> Verdict {
     let mut v = Verdict::default();
-    let mut spans: Vec<TermSpan> = Vec::new();
+    let mut terms: Vec<TermSpan> = Vec::new();
     let mut starts: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     for log in logs {
         for line in &log.unreadable {
@@ -358,7 +358,7 @@ fn check_rules(logs: &[CandidateLog], object: Option<Option<&FinalObject>>) -> V
             if let Some(death) = death {
                 span.end = span.end.min(death);
             }
-            spans.push(span);
+            terms.push(span);
         }
     }
     for (token, holders) in &starts {
@@ -368,7 +368,6 @@ fn check_rules(logs: &[CandidateLog], object: Option<Option<&FinalObject>>) -> V
             ));
         }
     }
-    let mut terms = spans;
     terms.sort_by_key(|s| (s.start, s.token));
     // Overlap and token order.
     for (i, a) in terms.iter().enumerate() {
@@ -461,19 +460,15 @@ fn check_rules(logs: &[CandidateLog], object: Option<Option<&FinalObject>>) -> V
             }
         }
     }
-    // Nothing lost.
-    let Some(object) = object else {
-        v.terms = terms;
-        return v;
-    };
+    // Nothing lost (when the object was read).
     let last = accepted.iter().max_by_key(|w| (w.token, w.seq));
     match (last, object) {
-        (None, _) => {}
-        (Some(last), None) => v.violations.push(format!(
+        (None, _) | (_, None) => {}
+        (Some(last), Some(None)) => v.violations.push(format!(
             "acknowledged write {}/{}/{} is lost: the object does not exist",
             last.id, last.token, last.seq
         )),
-        (Some(last), Some(obj)) => {
+        (Some(last), Some(Some(obj))) => {
             let expected = super::write_value(last.id, last.token, last.seq);
             if obj.value != expected {
                 let later_unknown = writes.iter().any(|w| {

@@ -17,8 +17,8 @@ use super::drive::{RoundContext, drive};
 use super::process::{Proc, logs, wait_for};
 use super::restart::Instance;
 use super::{
-    BackendKind, EV_EXIT, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us, open_store, open_store_patiently,
-    write_value,
+    BackendKind, END_SIGTERM, EV_EXIT, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us,
+    open_store, open_store_patiently, write_value,
 };
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
@@ -60,6 +60,8 @@ pub struct RoundReport {
     pub failed: usize,
     /// Step-downs while the fault was on (throttle: spurious ones).
     pub step_downs: usize,
+    /// Terms that ended for a reason other than the drive's SIGTERM (in the whole round).
+    pub ended_unasked: usize,
     /// Requests the proxies delivered late (applied after their sender gave up).
     pub late_deliveries: u64,
     /// The round's directory (logs).
@@ -276,6 +278,11 @@ pub async fn run_round(
         .map(Proxy::late_deliveries)
         .sum();
     let logs = logs(&procs);
+    let ended_unasked = logs
+        .iter()
+        .flat_map(|l| l.events.iter())
+        .filter(|e| e.ev == EV_TERM_ENDED && e.outcome != END_SIGTERM)
+        .count();
     // The final object after an empty restart. The store lost everything written before the
     // restart, the protected object included, so a write acknowledged before it is rightly not
     // in the object: only writes acknowledged after the restart must be. The checker looks for
@@ -329,6 +336,7 @@ pub async fn run_round(
         fenced: verdict.fenced,
         failed: verdict.failed,
         step_downs: outcome.step_downs,
+        ended_unasked,
         late_deliveries,
         dir,
     })

@@ -356,6 +356,10 @@ pub const OUT_UNKNOWN: &str = "unknown";
 /// The store failed the write without applying it.
 pub const OUT_FAILED: &str = "failed";
 
+/// A term's end (`outcome` of [`EV_TERM_ENDED`]) asked for by the drive's SIGTERM; any other
+/// end (the term cancelled, lost) was not asked for.
+pub const END_SIGTERM: &str = "sigterm";
+
 /// The protected object's value of one write: `id/token/seq`.
 pub fn write_value(id: &str, token: u64, seq: u64) -> String {
     format!("{id}/{token}/{seq}")

@@ -189,6 +189,15 @@ impl Instance {
         self.restarted_at
     }
 
+    /// The arguments of `scripts/emulators` that stop it.
+    fn stop_args(&self) -> Vec<String> {
+        vec![
+            "instance".to_owned(),
+            "stop".to_owned(),
+            self.dir.display().to_string(),
+        ]
+    }
+
     /// Stops it (see the module docs for how).
     ///
     /// # Errors
@@ -197,12 +206,7 @@ impl Instance {
         if !self.running {
             return Ok(());
         }
-        run_script(vec![
-            "instance".to_owned(),
-            "stop".to_owned(),
-            self.dir.display().to_string(),
-        ])
-        .await?;
+        run_script(self.stop_args()).await?;
         self.running = false;
         Ok(())
     }
@@ -229,11 +233,7 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         if self.running {
-            let _ = run_script_blocking(&[
-                "instance".to_owned(),
-                "stop".to_owned(),
-                self.dir.display().to_string(),
-            ]);
+            let _ = run_script_blocking(&self.stop_args());
         }
     }
 }

@@ -4,12 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::Duration;
 
 use super::BackendKind;
-use super::EV_TERM_ENDED;
-use super::checker::parse_log;
 use super::drill::RoundReport;
 use super::scenario::Scenario;
 
@@ -105,7 +102,7 @@ impl Summary {
                 }
                 row.step_downs += r.step_downs;
                 if Measure::of(scenario) == Measure::None {
-                    *row.spurious.get_or_insert(0) += spurious_step_downs(&r.dir);
+                    *row.spurious.get_or_insert(0) += r.ended_unasked;
                 }
                 row.late_deliveries += r.late_deliveries;
                 row.accepted += r.accepted;
@@ -241,9 +238,7 @@ impl Summary {
             ],
         );
         for ((kind, scenario), row) in &self.rows {
-            let mut m = row.measured.clone();
-            m.sort_by(f64::total_cmp);
-            let [min, median, p99] = [0.0, 0.5, 0.99].map(|q| quantile(&m, q));
+            let [min, median, p99] = min_median_p99(&mut row.measured.clone());
             t.row(vec![
                 kind.name().to_owned(),
                 scenario.name().to_owned(),
@@ -291,26 +286,6 @@ fn is_slow(violation: &str) -> bool {
     violation.contains(" took ") && violation.contains(" ms, more than ")
 }
 
-/// Term ends in a round's candidate logs (`*.jsonl` in `dir`) for a reason other than SIGTERM.
-fn spurious_step_downs(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .map(|p| {
-            let text = std::fs::read_to_string(&p).unwrap_or_default();
-            parse_log("", &text, None)
-                .events
-                .iter()
-                .filter(|e| e.ev == EV_TERM_ENDED && e.outcome != "sigterm")
-                .count()
-        })
-        .sum()
-}
-
 /// `q` of the sorted `m`, in whole ms (nearest rank), or `-`.
 fn quantile(m: &[f64], q: f64) -> String {
     if m.is_empty() {
@@ -320,18 +295,18 @@ fn quantile(m: &[f64], q: f64) -> String {
     format!("{:.0}", m[i.min(m.len() - 1)])
 }
 
+/// Min, median and p99 of `m` (sorted here), each `-` if it is empty.
+fn min_median_p99(m: &mut [f64]) -> [String; 3] {
+    m.sort_by(f64::total_cmp);
+    [0.0, 0.5, 0.99].map(|q| quantile(m, q))
+}
+
 /// `min / median / p99` of `m`, or `-`.
 fn spread(m: &mut [f64]) -> String {
     if m.is_empty() {
         return "-".to_owned();
     }
-    m.sort_by(f64::total_cmp);
-    format!(
-        "{} / {} / {}",
-        quantile(m, 0.0),
-        quantile(m, 0.5),
-        quantile(m, 0.99)
-    )
+    min_median_p99(m).join(" / ")
 }
 
 /// A text table: the first `left` columns left-aligned, the others right-aligned, each as
