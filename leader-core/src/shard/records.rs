@@ -82,10 +82,7 @@ pub(crate) fn stable_hash(s: &str) -> u64 {
 /// How much instance `id` wants shard `s` (rendezvous hashing): each instance tries the free
 /// shards in its own order, so that takers do not all race for the same ones.
 pub(crate) fn score(id_hash: u64, s: u32) -> u64 {
-    let mut z = id_hash ^ u64::from(s).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::rand::mix(id_hash ^ u64::from(s).wrapping_mul(crate::rand::GOLDEN_GAMMA))
 }
 
 /// Whether a shard record says its owner holds it, or gave it up.
