@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leader_core::{Assignment, HolderId, Leadership, LeaseKey, Metadata, StoreContact};
+use leader::{Assignment, HolderId, Leadership, LeaseKey, Metadata, StoreContact};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,7 +57,7 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 pub(crate) fn install_recorder() -> Result<PrometheusHandle, Exit> {
     let fail = |e: String| Exit::new(exit::UNAVAILABLE, format!("cannot record metrics: {e}"));
     let mut builder = PrometheusBuilder::new();
-    for (name, buckets) in leader_core::metrics::BUCKETS {
+    for (name, buckets) in leader::metrics::BUCKETS {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             .map_err(|e| fail(e.to_string()))?;
@@ -65,7 +65,7 @@ pub(crate) fn install_recorder() -> Result<PrometheusHandle, Exit> {
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| fail(e.to_string()))?;
-    leader_core::metrics::describe();
+    leader::metrics::describe();
     Ok(handle)
 }
 
@@ -319,7 +319,7 @@ async fn track_since(state: Arc<State>) {
 
 /// This machine's wall clock, in unix ms (informational, as `/leader` documents).
 fn unix_ms() -> u64 {
-    leader_core::wall_clock_unix_ms()
+    leader::wall_clock_unix_ms()
 }
 
 /// How reading a request head ended.

@@ -7,10 +7,10 @@ mod demo;
 mod endpoints;
 mod process_tree;
 mod run;
-mod sharded;
+mod signals;
 mod status;
 mod store;
-mod supervisor;
+mod supervise;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -186,12 +186,12 @@ enum Command {
     Status(status::StatusArgs),
     /// Three `leader run` processes on a temporary file store; kill the leader; watch failover.
     Demo,
-    /// Internal: the supervisor that starts the command and stops it (see `supervisor.rs`).
+    /// Internal: the supervisor that starts the command and stops it (see `supervise/process.rs`).
     #[command(name = "__supervise", hide = true)]
-    Supervise(supervisor::SuperviseArgs),
+    Supervise(supervise::process::SuperviseArgs),
     /// Internal: the last step before the command (deadline check, then exec).
     #[command(name = "__exec", hide = true)]
-    Exec(supervisor::ExecArgs),
+    Exec(supervise::process::ExecArgs),
 }
 
 /// The longest duration any option accepts.
@@ -250,14 +250,16 @@ fn main() -> ExitCode {
         }
     };
     let command = match cli.command {
-        Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
+        Command::Exec(args) => return ExitCode::from(supervise::process::exec(args)),
         // The supervisor starts its logging itself, once its signals are blocked.
-        Command::Supervise(args) => return ExitCode::from(supervisor::run(args, cli.log_format)),
+        Command::Supervise(args) => {
+            return ExitCode::from(supervise::process::run(args, cli.log_format));
+        }
         other => other,
     };
     let _log = init_logging(cli.log_format);
     // Before any store builds a TLS client: the suite's one crypto provider (leader-core/src/tls.rs).
-    leader_core::tls::install_crypto_provider();
+    leader::tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -6,8 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
 use leader::Store;
-use leader_core::backend::Stored;
-use leader_core::{Error, LeaseKey, ShardSet, ShardedStatus, wall_clock_unix_ms};
+use leader::backend::Stored;
+use leader::{Error, LeaseKey, ShardSet, ShardedStatus, wall_clock_unix_ms};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{Exit, exit, store};
@@ -122,7 +122,7 @@ pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
 /// The number of shards if `key` has no record of its own but is a sharded key (so that
 /// status says so rather than only "nobody"); `None` otherwise or if that cannot be read.
 async fn sharded_shards(backend: &dyn Store, key: &LeaseKey) -> Option<u32> {
-    leader_core::read_status(backend, key)
+    leader::read_status(backend, key)
         .await
         .ok()
         .flatten()
@@ -197,7 +197,7 @@ impl Seen {
             if !shards {
                 return Ok(Seen::Single(backend.read(key).await?));
             }
-            let status = leader_core::read_status(backend, key).await?;
+            let status = leader::read_status(backend, key).await?;
             // As `status --shards`: the key's own record tells a missing bucket (an error)
             // from a key that nobody joined.
             let single = match status {
@@ -439,7 +439,7 @@ async fn watch(
 
 /// `leader status --shards`.
 async fn sharded(backend: &dyn Store, key: &LeaseKey, json: bool) -> Result<u8, Exit> {
-    let status = leader_core::read_status(backend, key)
+    let status = leader::read_status(backend, key)
         .await
         .map_err(|e| store::unavailable(&e))?;
     match (status, json) {

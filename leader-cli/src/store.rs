@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use leader::Store;
-use leader_core::{Error, LeaseKey};
+use leader::{Error, LeaseKey};
 
 use crate::{Exit, exit};
 
@@ -57,7 +57,7 @@ pub(crate) async fn open(
 /// says that it is being retried; here it is not, so that text is replaced.
 pub(crate) fn unavailable(e: &Error) -> Exit {
     let code = match e.kind() {
-        leader_core::ErrorKind::InvalidConfig => exit::CONFIG,
+        leader::ErrorKind::InvalidConfig => exit::CONFIG,
         _ => exit::UNAVAILABLE,
     };
     let message = match e {

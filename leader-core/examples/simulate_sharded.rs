@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use leader_core::ShardFlaw;
+use leader_core::simulation::ShardFlaw;
 use leader_core::simulation::{ShardSimConfig, run_sharded};
 
 fn flaw(name: &str) -> Option<ShardFlaw> {

@@ -10,9 +10,10 @@ pub use crate::call::{
 };
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
-use crate::model::{FencingToken, HolderId, LeaseKey, ObjectName};
+use crate::model::{HolderId, LeaseKey, ObjectName};
 pub use crate::model::{LeaseRecord, LeaseState, RecordParts, Revision, TermId, WriteNonce};
 pub use crate::rand::Rng;
+use crate::token::FencingToken;
 
 /// A record as stored, with the revision the store gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]

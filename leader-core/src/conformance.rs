@@ -54,9 +54,8 @@ use crate::backend::{
 use crate::config::Timing;
 use crate::error::{ConfigError, Error};
 use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
-use crate::model::{
-    FencingToken, HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce,
-};
+use crate::model::{HolderId, LeaseKey, LeaseRecord, Metadata, ObjectName, TermId, WriteNonce};
+use crate::token::FencingToken;
 
 /// The suite's seeded generator (SplitMix64), for harnesses and test tools that need dice
 /// (a fault proxy's, unique names): one source of randomness in the whole workspace.
@@ -1163,11 +1162,11 @@ pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    use crate::{ShardStore, ShardTerm, ShardedElector, ShardedHandle};
+    use crate::{ShardStore, ShardedElector, ShardedHandle, Term};
 
     const CASE: &str = "sharded_balance_and_handover";
     const SHARDS: u32 = 6;
-    type Led = Arc<Mutex<BTreeMap<u32, ShardTerm>>>;
+    type Led = Arc<Mutex<BTreeMap<u32, Term>>>;
     let key = h.unique_key();
     let timing = h.timing();
     let start =
@@ -1183,7 +1182,8 @@ pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<
             let (terms, keep) = (handle.terms(), led.clone());
             tokio::spawn(async move {
                 while let Ok(term) = terms.next().await {
-                    let (shard, cancel) = (term.shard(), term.cancellation_token());
+                    let Some(shard) = term.shard() else { continue };
+                    let cancel = term.cancellation_token();
                     keep.lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(shard, term);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::model::FencingToken;
+use crate::token::FencingToken;
 
 /// A boxed error from a backend's SDK or the operating system.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

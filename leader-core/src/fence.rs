@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::model::FencingToken;
+use crate::token::FencingToken;
 
 /// Kept by a protected resource: admits work whose token is at least the highest admitted so
 /// far, and rejects older tokens.

@@ -13,8 +13,9 @@ use crate::backend::{
     WriteKind, WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
 };
 use crate::error::Error;
-use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
+use crate::model::{LeaseKey, LeaseRecord, ObjectName, Revision};
 use crate::rand::Rng;
+use crate::token::FencingToken;
 
 /// Leases in a folder: one file per key, safe across processes on one host.
 ///

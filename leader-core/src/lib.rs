@@ -7,13 +7,21 @@
 //! the lease and a follower takes over at once. Every term carries a [`FencingToken`] higher
 //! than every earlier term's, so a protected resource can reject a deposed leader's writes.
 //!
+//! Programs use it through the `leader` crate, which re-exports all of it and opens any store
+//! from a URL. The protocol it implements, with its timing rules and defaults, is the
+//! repository's `docs/protocol.md`.
+//!
 //! The pieces:
 //! - [`LeaseBackend`]: the small contract a store implements (read; write if the revision
-//!   still matches). [`MemoryStore`] and [`FileStore`] here; Azure, DynamoDB and GCS in their
-//!   own crates.
+//!   still matches). [`MemoryStore`] and [`FileStore`] here; the stores of the suite are a
+//!   local folder and memory (`leader-core`), Azure Blob (`leader-azure`), DynamoDB
+//!   (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd (`leader-etcd`) and
+//!   ZooKeeper (`leader-zookeeper`).
 //! - [`LeaseClient`]: the protocol over any backend (staleness on the local monotonic clock,
 //!   tokens, recovery from lost responses), written once.
-//! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`].
+//! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`];
+//!   [`ShardedElector`]: one leader per shard, the shards balanced over the instances. Both
+//!   hand each term to its work as a [`Term`].
 //! - [`FencedStore`] and [`FenceGate`]: the resource side of fencing.
 //! - [`metrics`]: what an election records through the `metrics` facade (who leads, terms,
 //!   time without a leader, renew latency and slack, store requests), for any exporter.
@@ -70,6 +78,8 @@ pub mod metrics;
 mod model;
 mod rand;
 mod shard;
+mod term;
+mod token;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -81,7 +91,7 @@ pub mod tls;
 pub use backend::{Fence, FencedObject, FencedStore, LeaseBackend};
 pub use config::{Timing, TimingOverrides};
 pub use elector::{
-    Elector, ElectorBuilder, ElectorHandle, ElectorTask, Leadership, Problem, Stopped, Term,
+    Elector, ElectorBuilder, ElectorHandle, ElectorTask, Leadership, Problem, Stopped,
 };
 pub use error::{BoxError, ConfigError, Error, ErrorKind};
 pub use fence::{FenceGate, StaleToken};
@@ -90,15 +100,12 @@ pub use lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 pub use memory::MemoryStore;
 pub use metrics::StoreContact;
 pub use model::{
-    FencingToken, HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, Metadata,
-    ObjectName, validate_metadata, wall_clock_unix_ms,
+    HolderId, LeaseKey, MAX_HOLDER_LEN, MAX_METADATA_BYTES, MAX_NAME_LEN, Metadata, ObjectName,
+    validate_metadata, wall_clock_unix_ms,
 };
 pub use shard::{
-    Assignment, MAX_SHARDS, MemberStatus, ShardFlaw, ShardSet, ShardStore, ShardTerm, ShardTerms,
-    ShardedElector, ShardedElectorBuilder, ShardedHandle, ShardedStatus, read_status,
+    Assignment, MAX_SHARDS, MemberStatus, ShardSet, ShardStore, ShardTerms, ShardedElector,
+    ShardedElectorBuilder, ShardedHandle, ShardedStatus, read_status,
 };
-
-/// The repository README's Rust examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
+pub use term::{Renewals, Term};
+pub use token::FencingToken;

@@ -10,7 +10,8 @@ use crate::backend::{
     WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::error::Error;
-use crate::model::{FencingToken, LeaseKey, LeaseRecord, ObjectName, Revision};
+use crate::model::{LeaseKey, LeaseRecord, ObjectName, Revision};
+use crate::token::FencingToken;
 
 #[derive(Debug, Default)]
 struct State {

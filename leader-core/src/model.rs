@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, Error};
 use crate::rand::Rng;
+use crate::token::FencingToken;
 
 /// Longest accepted [`LeaseKey`] or [`ObjectName`], in bytes.
 pub const MAX_NAME_LEN: usize = 128;
@@ -190,33 +191,6 @@ impl From<HolderId> for String {
 impl fmt::Display for HolderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// A fencing token: constant within a term, strictly greater than every token of every earlier
-/// term of the same key.
-///
-/// A protected resource keeps the highest token it has accepted and rejects work that carries
-/// a lower one (see [`FenceGate`](crate::FenceGate)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct FencingToken(pub u64);
-
-impl FencingToken {
-    /// The token as a number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-
-    /// The next token, or `None` at `u64::MAX`.
-    pub fn next(self) -> Option<Self> {
-        self.0.checked_add(1).map(Self)
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
     }
 }
 

@@ -15,7 +15,7 @@ use leader_core::backend::{
 use leader_core::simulation::{FaultControl, FaultyStore};
 use leader_core::{
     Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
-    ShardTerm, ShardedElector, ShardedHandle, read_status,
+    ShardedElector, ShardedHandle, Term, read_status,
 };
 use tokio::time::{Instant, sleep};
 
@@ -76,7 +76,7 @@ fn work(handle: &ShardedHandle) {
         while let Ok(term) = terms.next().await {
             tokio::spawn(async move {
                 term.cancelled().await;
-                drop::<ShardTerm>(term);
+                drop::<Term>(term);
             });
         }
     });
@@ -152,7 +152,7 @@ async fn one_instance_leads_every_shard_and_hands_each_term_out_once() {
         let term = a.next_term().await.unwrap();
         assert!(term.is_valid());
         assert!(
-            seen.insert(term.shard(), term).is_none(),
+            seen.insert(term.shard().unwrap(), term).is_none(),
             "handed out twice"
         );
     }
@@ -317,7 +317,7 @@ async fn tokens_rise_across_handovers_and_deletes_and_fence_stale_writes() {
     let mut terms = BTreeMap::new();
     for _ in 0..n {
         let t = a.next_term().await.unwrap();
-        terms.insert(t.shard(), t);
+        terms.insert(t.shard().unwrap(), t);
     }
     let object = ObjectName::new("out").unwrap();
     store
@@ -335,8 +335,12 @@ async fn tokens_rise_across_handovers_and_deletes_and_fence_stale_writes() {
     let mut second = BTreeMap::new();
     for _ in 0..n {
         let t = b.next_term().await.unwrap();
-        assert!(t.token() > first[&t.shard()], "shard {}", t.shard());
-        second.insert(t.shard(), t);
+        assert!(
+            t.token() > first[&t.shard().unwrap()],
+            "shard {}",
+            t.shard().unwrap()
+        );
+        second.insert(t.shard().unwrap(), t);
     }
     store
         .fenced_write(second[&0].fence(), &object, b"b")
@@ -427,12 +431,12 @@ async fn a_shutdown_keeps_shards_until_their_slow_work_has_stopped() {
     let a_acting = acting.clone();
     tokio::spawn(async move {
         while let Ok(term) = terms.next().await {
-            a_acting.lock().unwrap().insert(term.shard());
+            a_acting.lock().unwrap().insert(term.shard().unwrap());
             let a_acting = a_acting.clone();
             tokio::spawn(async move {
                 term.cancelled().await;
                 sleep(2 * TTL).await;
-                a_acting.lock().unwrap().remove(&term.shard());
+                a_acting.lock().unwrap().remove(&term.shard().unwrap());
                 drop(term);
             });
         }

@@ -1,7 +1,7 @@
 //! The sharded simulation: seeds without a flaw break nothing; each planted flaw is caught.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use leader_core::ShardFlaw;
+use leader_core::simulation::ShardFlaw;
 use leader_core::simulation::{ShardReport, ShardSimConfig, run_sharded};
 
 fn run(seed: u64, flaw: ShardFlaw, ignore_deadline: bool) -> ShardReport {

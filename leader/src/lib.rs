@@ -1,7 +1,10 @@
 //! Leader election with fencing tokens on the storage you already have.
 //!
-//! One entry point for the leader-lease suite: name the store with a URL, get a store that
-//! the [`Elector`] campaigns on and that takes fenced writes.
+//! The one dependency a program needs: name the store with a URL, get a store that the
+//! [`Elector`] (or the [`ShardedElector`]) campaigns on and that takes fenced writes. The
+//! whole API of `leader-core` is re-exported here, and each store's crate as a module
+//! ([`azure`], [`dynamo`], [`gcs`], [`etcd`], [`zookeeper`]) for its builder and settings. The
+//! protocol, its timing rules and defaults: the repository's `docs/protocol.md`.
 //!
 //! | URL | store | the lease record | beside it |
 //! |---|---|---|---|
@@ -20,7 +23,12 @@
 //!
 //! Credentials come from each cloud's usual chain, over HTTPS; [`OpenOptions`] moves the
 //! endpoint or talks to a local emulator. The suite's TLS crypto provider is installed on the
-//! way ([`leader_core::tls`]).
+//! way ([`tls`]).
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`); the `leader` command (crate
+//! `leader-cli`) runs a program under any of them.
 //!
 //! # Example
 //!
@@ -55,17 +63,15 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use leader_core::ShardStore;
-use leader_core::backend::FencedCas;
+use backend::FencedCas;
 
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "azure")]
 pub use leader_azure as azure;
-pub use leader_core::{
-    ConfigError, Elector, ElectorBuilder, ElectorHandle, Error, ErrorKind, FenceGate, FencedStore,
-    FencingToken, FileStore, Leadership, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
-    StaleToken, Stopped, StoreContact, Term, Timing, metrics,
-};
+/// The whole user API of `leader-core`: the elector and the sharded elector, terms, fencing,
+/// the model, the file and memory stores, timing, errors, metrics, and (in [`backend`]) the
+/// contract a store implements.
+pub use leader_core::*;
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "dynamo")]
 pub use leader_dynamo as dynamo;
@@ -81,11 +87,11 @@ pub use leader_zookeeper as zookeeper;
 
 /// A store that leases and takes fenced writes: what [`open`] and [`from_url`] return. Pass
 /// it as it is to [`Elector::builder`] (it is a [`LeaseBackend`]) and to
-/// [`ShardedElector::builder`](leader_core::ShardedElector::builder) (it is a [`ShardStore`]):
+/// [`ShardedElector::builder`] (it is a [`ShardStore`]):
 ///
 /// ```
 /// use leader::OpenOptions;
-/// use leader_core::ShardedElector;
+/// use leader::ShardedElector;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -425,7 +431,7 @@ pub async fn from_url(
 /// # Cancel safety
 /// Cancel-safe, except that a container or table being created may still be created.
 pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store>, Error> {
-    leader_core::tls::install_crypto_provider();
+    tls::install_crypto_provider();
     match url {
         StoreUrl::File { dir, .. } => Ok(Arc::new(if options.create_if_missing {
             FileStore::create(dir)?
@@ -435,76 +441,11 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
         #[cfg(feature = "azure")]
         StoreUrl::Azure {
             container, folder, ..
-        } => {
-            use leader_azure::AzureLeaseStoreBuilder as Builder;
-            let mut b = if options.emulator {
-                let endpoint = options.endpoint.as_deref();
-                Builder::new().with_emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
-            } else {
-                let b = Builder::from_env()?;
-                match &options.endpoint {
-                    Some(endpoint) => b.with_endpoint(endpoint.clone()),
-                    None => b,
-                }
-            };
-            b = b
-                .with_container(container.clone())
-                .with_prefix(folder.clone())
-                .with_create_container_if_missing(options.create_if_missing);
-            Ok(Arc::new(b.build().await?))
-        }
+        } => open_azure(container, folder, options).await,
         #[cfg(feature = "dynamo")]
-        StoreUrl::Dynamo { table, .. } => {
-            let b = if options.emulator {
-                let endpoint = options
-                    .endpoint
-                    .clone()
-                    .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
-                    .or_else(|| env_var("AWS_ENDPOINT_URL"))
-                    .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
-                leader_dynamo::DynamoBuilder::new().with_emulator(endpoint)
-            } else {
-                let b = leader_dynamo::DynamoBuilder::from_env()?;
-                match &options.endpoint {
-                    Some(endpoint) => b.with_endpoint(endpoint.clone()),
-                    None => b,
-                }
-            };
-            let store = b
-                .with_table(table.clone())
-                .with_create_table_if_missing(options.create_if_missing)
-                .build()
-                .await?;
-            Ok(Arc::new(store))
-        }
+        StoreUrl::Dynamo { table, .. } => open_dynamo(table, options).await,
         #[cfg(feature = "gcs")]
-        StoreUrl::Gcs { bucket, folder, .. } => {
-            if options.create_if_missing {
-                return Err(invalid(format!(
-                    "creating a missing bucket is not supported for gs:// (a bucket needs a \
-                     project, a location and a storage class); create it first, e.g. `gcloud \
-                     storage buckets create gs://{bucket}`"
-                )));
-            }
-            let mut b = leader_gcs::GcsBuilder::from_env()?
-                .with_bucket(bucket.clone())
-                .with_prefix(folder.clone());
-            if options.emulator {
-                let endpoint = options
-                    .endpoint
-                    .clone()
-                    .or_else(|| env_var(leader_gcs::EMULATOR_VAR))
-                    .ok_or_else(|| needs_endpoint(leader_gcs::EMULATOR_VAR))?;
-                b = b.with_emulator(endpoint);
-            } else if let Some(endpoint) = &options.endpoint {
-                // An explicit endpoint means the usual credentials, even if
-                // STORAGE_EMULATOR_HOST is set too.
-                b = b
-                    .with_endpoint(endpoint.clone())
-                    .with_application_default_credentials();
-            }
-            Ok(Arc::new(b.build().await?))
-        }
+        StoreUrl::Gcs { bucket, folder, .. } => open_gcs(bucket, folder, options).await,
         #[cfg(feature = "etcd")]
         StoreUrl::Etcd {
             hosts, tls, folder, ..
@@ -537,6 +478,88 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
     }
 }
 
+#[cfg(feature = "azure")]
+async fn open_azure(
+    container: &str,
+    folder: &str,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Store>, Error> {
+    use leader_azure::AzureLeaseStoreBuilder as Builder;
+    let mut b = if options.emulator {
+        let endpoint = options.endpoint.as_deref();
+        Builder::new().with_emulator(endpoint.unwrap_or(leader_azure::EMULATOR_ENDPOINT))
+    } else {
+        let b = Builder::from_env()?;
+        match &options.endpoint {
+            Some(endpoint) => b.with_endpoint(endpoint.clone()),
+            None => b,
+        }
+    };
+    b = b
+        .with_container(container.to_owned())
+        .with_prefix(folder.to_owned())
+        .with_create_container_if_missing(options.create_if_missing);
+    Ok(Arc::new(b.build().await?))
+}
+
+#[cfg(feature = "dynamo")]
+async fn open_dynamo(table: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, Error> {
+    let b = if options.emulator {
+        let endpoint = options
+            .endpoint
+            .clone()
+            .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
+            .or_else(|| env_var("AWS_ENDPOINT_URL"))
+            .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+        leader_dynamo::DynamoBuilder::new().with_emulator(endpoint)
+    } else {
+        let b = leader_dynamo::DynamoBuilder::from_env()?;
+        match &options.endpoint {
+            Some(endpoint) => b.with_endpoint(endpoint.clone()),
+            None => b,
+        }
+    };
+    let store = b
+        .with_table(table.to_owned())
+        .with_create_table_if_missing(options.create_if_missing)
+        .build()
+        .await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(feature = "gcs")]
+async fn open_gcs(
+    bucket: &str,
+    folder: &str,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Store>, Error> {
+    if options.create_if_missing {
+        return Err(invalid(format!(
+            "creating a missing bucket is not supported for gs:// (a bucket needs a project, a \
+             location and a storage class); create it first, e.g. `gcloud storage buckets \
+             create gs://{bucket}`"
+        )));
+    }
+    let mut b = leader_gcs::GcsBuilder::from_env()?
+        .with_bucket(bucket.to_owned())
+        .with_prefix(folder.to_owned());
+    if options.emulator {
+        let endpoint = options
+            .endpoint
+            .clone()
+            .or_else(|| env_var(leader_gcs::EMULATOR_VAR))
+            .ok_or_else(|| needs_endpoint(leader_gcs::EMULATOR_VAR))?;
+        b = b.with_emulator(endpoint);
+    } else if let Some(endpoint) = &options.endpoint {
+        // An explicit endpoint means the usual credentials, even if STORAGE_EMULATOR_HOST is
+        // set too.
+        b = b
+            .with_endpoint(endpoint.clone())
+            .with_application_default_credentials();
+    }
+    Ok(Arc::new(b.build().await?))
+}
+
 /// A non-empty environment variable.
 #[cfg(any(feature = "dynamo", feature = "gcs"))]
 fn env_var(name: &str) -> Option<String> {
@@ -549,6 +572,38 @@ fn needs_endpoint(variable: &str) -> Error {
         "the emulator mode needs the emulator's address: pass --endpoint URL \
          (OpenOptions::with_endpoint) or set {variable}"
     ))
+}
+
+/// The Rust examples of the repository's READMEs and docs, compiled against this crate alone
+/// (with every store feature, the default), so that what a user copies builds with `leader`
+/// as the one dependency.
+#[cfg(all(
+    doctest,
+    feature = "azure",
+    feature = "dynamo",
+    feature = "gcs",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+mod readme_doctests {
+    #[doc = include_str!("../../README.md")]
+    struct Repository;
+    #[doc = include_str!("../README.md")]
+    struct Leader;
+    #[doc = include_str!("../../leader-core/README.md")]
+    struct Core;
+    #[doc = include_str!("../../leader-azure/README.md")]
+    struct Azure;
+    #[doc = include_str!("../../leader-dynamo/README.md")]
+    struct Dynamo;
+    #[doc = include_str!("../../leader-gcs/README.md")]
+    struct Gcs;
+    #[doc = include_str!("../../leader-etcd/README.md")]
+    struct Etcd;
+    #[doc = include_str!("../../leader-zookeeper/README.md")]
+    struct ZooKeeper;
+    #[doc = include_str!("../../docs/sharding.md")]
+    struct Sharding;
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! `leader run --shards N`: lead a share of the shards of a key, one supervised command per led
 //! shard.
 //!
-//! The instance joins the key through `leader_core::ShardedElector`, which balances the shards
-//! over every instance of the key. Each shard term it hands out gets a task that runs the
-//! command through its own supervisor process, by the rules of a single term
-//! (`run::supervise`: not started past the deadline, the stop signal at `deadline - grace`,
-//! SIGKILL at the deadline, every process it starts tracked). The task keeps the `ShardTerm`
+//! The instance joins the key through `leader::ShardedElector`, which balances the shards over
+//! every instance of the key. Each shard term it hands out gets a task that runs the command
+//! through its own supervisor process, by the rules of a single term (`crate::supervise`: not
+//! started past the deadline, the stop signal at `deadline - grace`, SIGKILL at the deadline,
+//! every process it starts tracked). The task keeps the shard's `Term`
 //! until the command and everything it started have exited: only then may the elector release
 //! the shard (to rebalance, or at shutdown).
 //!
@@ -19,31 +19,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::backend::within;
-use leader_core::{ConfigError, ErrorKind, HolderId, ShardTerm, ShardedElector, Timing};
+use leader::{ShardedElector, ShardedHandle, Term};
 use nix::sys::signal::Signal;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::run::{
-    Ctx, Inbox, Outcome, Received, Renewals, RunArgs, Signals, TermView, become_subreaper,
-    campaign_failed, supervise,
-};
+use super::{Plan, RunArgs, campaign_failed, config_error, first_read};
+use crate::signals::{Inbox, Received, Signals};
 use crate::store::{self, StoreUrl};
-use crate::{Exit, exit};
-
-/// What `leader run` worked out before it knew the run was sharded.
-pub(crate) struct Plan {
-    pub(crate) shards: u32,
-    pub(crate) timing: Timing,
-    pub(crate) grace: Duration,
-    pub(crate) holder: Option<HolderId>,
-    pub(crate) log_format: &'static str,
-    /// `--metrics-addr`, if given.
-    pub(crate) endpoint: Option<crate::run::Endpoint>,
-}
+use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
+use crate::{Exit, endpoints, exit};
 
 /// The first pause before a command that exited is started again.
 const RESTART_FIRST: Duration = Duration::from_secs(1);
@@ -56,52 +43,66 @@ const RESTART_MAX: Duration = Duration::from_secs(30);
 #[derive(Debug, Default)]
 struct ShardEnd {
     /// A term to hold until the instance has stopped: its supervisor died during a stop, so
-    /// the shard is left to expire rather than released (DESIGN.md, "Supervising a command").
-    keep: Option<ShardTerm>,
+    /// the shard is left to expire rather than released (`docs/protocol.md`, "Supervising a command").
+    keep: Option<Term>,
 }
 
-pub(crate) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8, Exit> {
-    let config = |e: ConfigError| Exit::new(exit::CONFIG, e.to_string());
+pub(super) async fn run(
+    args: &RunArgs,
+    url: &StoreUrl,
+    shards: u32,
+    plan: Plan,
+) -> Result<u8, Exit> {
+    let (handle, ctx, mut signals) = join(args, url, shards, plan).await?;
+    let mut runs = ShardRuns::default();
+    runs.until_stopped(&handle, &ctx, &mut signals).await;
+    info!("every shard's command has stopped; leaving the sharded key");
+    handle.shutdown().await;
+    drop(runs.keep);
+    match (runs.failure, runs.stop) {
+        (Some(e), _) => Err(e),
+        (None, Some(sig)) => Ok(128 + sig as u8),
+        (None, None) => Ok(exit::LOST),
+    }
+}
+
+/// Opens the store, joins the sharded key and serves the endpoints.
+async fn join(
+    args: &RunArgs,
+    url: &StoreUrl,
+    shards: u32,
+    plan: Plan,
+) -> Result<(ShardedHandle, Arc<Ctx>, Signals), Exit> {
     let (store, key) = store::open(url, &args.store_options).await?;
     let mut builder =
-        ShardedElector::builder(store.clone(), key.clone(), plan.shards).timing(plan.timing);
+        ShardedElector::builder(store.clone(), key.clone(), shards).timing(plan.timing);
     if let Some(holder) = plan.holder {
         builder = builder.holder_id(holder);
     }
-    let elector = builder.build().map_err(config)?;
+    let elector = builder.build().map_err(config_error)?;
     let timing = *elector.timing();
     become_subreaper()?;
-
-    // Errors retrying cannot fix end the run now; others are retried by the elector.
-    match within(
-        timing.request_timeout * 2,
-        leader_core::read_status(&*store, &key),
+    first_read(
+        &timing,
+        ("joining", "a record of the sharded key"),
+        leader::read_status(&*store, &key),
     )
-    .await
-    {
-        Err(_) => warn!("the store did not answer yet; joining anyway (retrying)"),
-        Ok(Err(e)) if e.kind() == ErrorKind::MalformedRecord => {
-            warn!(error = %e, "a record of the sharded key is malformed; waiting for an operator");
-        }
-        Ok(Err(e)) if e.is_retryable() => warn!(error = %e, "the store is not usable yet"),
-        Ok(Err(e)) => return Err(store::unavailable(&e)),
-        Ok(Ok(_)) => {}
-    }
+    .await?;
 
-    let mut signals = Signals::new()?;
+    let signals = Signals::new()?;
     let handle = elector.spawn();
     if let Some(e) = plan.endpoint {
-        let instance = crate::endpoints::Instance {
+        let instance = endpoints::Instance {
             key: key.clone(),
             holder: handle.holder_id().clone(),
             ttl: timing.ttl,
             contact: handle.store_contact(),
-            source: crate::endpoints::Source::Sharded {
+            source: endpoints::Source::Sharded {
                 assignment: handle.assignment(),
-                shards: plan.shards,
+                shards,
             },
         };
-        crate::endpoints::serve(e.listener, e.prometheus, instance);
+        endpoints::serve(e.listener, e.prometheus, instance);
     }
     let ctx = Arc::new(Ctx {
         command: args.command.clone(),
@@ -111,66 +112,97 @@ pub(crate) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8
         grace: plan.grace,
         key: handle.key().clone(),
         holder: handle.holder_id().clone(),
-        shards: Some(plan.shards),
+        shards: Some(shards),
     });
     info!(
-        store = %args.store, holder = %ctx.holder, shards = plan.shards, ttl = ?timing.ttl,
+        store = %args.store, holder = %ctx.holder, shards, ttl = ?timing.ttl,
         grace = ?plan.grace, "joining the sharded key"
     );
-    // Every signal goes to every shard's run; a run started after a stop signal never is.
-    let (relay, _) = broadcast::channel::<Received>(64);
-    let terms = handle.terms();
-    let mut tasks: JoinSet<Result<ShardEnd, Exit>> = JoinSet::new();
-    let mut stop: Option<Signal> = None;
-    let mut failure: Option<Exit> = None;
-    let mut keep = Vec::new();
-    loop {
-        if (stop.is_some() || failure.is_some()) && tasks.is_empty() {
-            break;
-        }
-        tokio::select! {
-            biased;
-            got = signals.recv() => {
-                if let Received::Stop(sig) = got
-                    && stop.is_none()
-                {
-                    info!(signal = %sig, running = tasks.len(), "stopping the command of every shard");
-                    stop = Some(sig);
-                }
-                let _ = relay.send(got);
-            }
-            Some(joined) = tasks.join_next() => {
-                let ended = joined.unwrap_or_else(|e| {
-                    Err(Exit::new(exit::UNAVAILABLE, format!("a shard's task failed: {e}")))
-                });
-                match ended {
-                    Ok(end) => keep.extend(end.keep),
-                    Err(e) => {
-                        if failure.is_none() && stop.is_none() {
-                            warn!("stopping the command of every shard: {}", e.message);
-                            let _ = relay.send(Received::Stop(Signal::SIGTERM));
-                        }
-                        failure.get_or_insert(e);
-                    }
-                }
-            }
-            next = terms.next(), if stop.is_none() && failure.is_none() => match next {
-                Ok(term) => {
-                    let span = info_span!("shard", shard = term.shard(), token = %term.token());
-                    tasks.spawn(shard_task(ctx.clone(), term, relay.subscribe()).instrument(span));
-                }
-                // Its shard terms are over: their commands are being stopped.
-                Err(stopped) => failure = Some(campaign_failed(stopped.problem())),
-            },
+    Ok((handle, ctx, signals))
+}
+
+/// The tasks of the led shards, one per shard term, and how the run is ending.
+struct ShardRuns {
+    /// Every signal goes to every shard's run; a run started after a stop signal never is.
+    relay: broadcast::Sender<Received>,
+    tasks: JoinSet<Result<ShardEnd, Exit>>,
+    stop: Option<Signal>,
+    failure: Option<Exit>,
+    /// Terms to hold until the instance has stopped (see [`ShardEnd::keep`]).
+    keep: Vec<Term>,
+}
+
+impl Default for ShardRuns {
+    fn default() -> Self {
+        Self {
+            relay: broadcast::channel(64).0,
+            tasks: JoinSet::new(),
+            stop: None,
+            failure: None,
+            keep: Vec::new(),
         }
     }
-    info!("every shard's command has stopped; leaving the sharded key");
-    handle.shutdown().await;
-    drop(keep);
-    match (failure, stop) {
-        (Some(e), _) => Err(e),
-        (None, Some(sig)) => Ok(128 + sig as u8),
-        (None, None) => Ok(exit::LOST),
+}
+
+impl ShardRuns {
+    /// Runs a task per shard term until a stop signal or a failure, and then until every
+    /// task has ended.
+    async fn until_stopped(
+        &mut self,
+        handle: &ShardedHandle,
+        ctx: &Arc<Ctx>,
+        signals: &mut Signals,
+    ) {
+        let terms = handle.terms();
+        loop {
+            let ending = self.stop.is_some() || self.failure.is_some();
+            if ending && self.tasks.is_empty() {
+                return;
+            }
+            tokio::select! {
+                biased;
+                got = signals.recv() => self.on_signal(got),
+                Some(joined) = self.tasks.join_next() => self.on_ended(joined),
+                next = terms.next(), if !ending => match next {
+                    Ok(term) => {
+                        let span = info_span!("shard", shard = term.shard(), token = %term.token());
+                        let task = shard_task(ctx.clone(), term, self.relay.subscribe());
+                        self.tasks.spawn(task.instrument(span));
+                    }
+                    // Its shard terms are over: their commands are being stopped.
+                    Err(stopped) => self.failure = Some(campaign_failed(stopped.problem())),
+                },
+            }
+        }
+    }
+
+    fn on_signal(&mut self, got: Received) {
+        if let Received::Stop(sig) = got
+            && self.stop.is_none()
+        {
+            info!(signal = %sig, running = self.tasks.len(), "stopping the command of every shard");
+            self.stop = Some(sig);
+        }
+        let _ = self.relay.send(got);
+    }
+
+    fn on_ended(&mut self, joined: Result<Result<ShardEnd, Exit>, tokio::task::JoinError>) {
+        let ended = joined.unwrap_or_else(|e| {
+            Err(Exit::new(
+                exit::UNAVAILABLE,
+                format!("a shard's task failed: {e}"),
+            ))
+        });
+        match ended {
+            Ok(end) => self.keep.extend(end.keep),
+            Err(e) => {
+                if self.failure.is_none() && self.stop.is_none() {
+                    warn!("stopping the command of every shard: {}", e.message);
+                    let _ = self.relay.send(Received::Stop(Signal::SIGTERM));
+                }
+                self.failure.get_or_insert(e);
+            }
+        }
     }
 }
 
@@ -179,7 +211,7 @@ pub(crate) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8
 /// it started is left.
 async fn shard_task(
     ctx: Arc<Ctx>,
-    term: ShardTerm,
+    term: Term,
     mut relay: broadcast::Receiver<Received>,
 ) -> Result<ShardEnd, Exit> {
     let mut pause = RESTART_FIRST;
@@ -192,13 +224,7 @@ async fn shard_task(
         }
         runs += 1;
         let started = Instant::now();
-        let outcome = supervise(
-            &ctx,
-            TermView::Shard(&term),
-            Renewals::Polled { sent: None },
-            &mut Inbox::Relayed(&mut relay),
-        )
-        .await?;
+        let outcome = supervise(&ctx, &term, &mut Inbox::Relayed(&mut relay)).await?;
         let why = match outcome {
             Outcome::Signalled(_) => return Ok(ShardEnd::default()),
             Outcome::SupervisorLost(Some(_)) => {

@@ -1,5 +1,5 @@
-//! The supervisor: the process that starts the command and makes sure it never outlives its
-//! term, whatever happens to `leader`.
+//! The supervisor process (`leader __supervise`): it starts the command and makes sure it
+//! never outlives its term, whatever happens to `leader`.
 //!
 //! `leader run` (the *elector* process) starts one supervisor per term. The supervisor
 //! - leaves `leader`'s session and process group at once (`setsid`), so that Ctrl-C in a
@@ -40,6 +40,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getppid};
 use tracing::{error, info, warn};
 
+use super::{Ended, NOT_STARTED, Report, Request, code_of};
 use crate::process_tree::{boottime_ns, signal_descendants};
 
 /// How often the supervisor repeats SIGKILL while descendants are still being created.
@@ -87,121 +88,6 @@ pub(crate) struct ExecArgs {
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
-
-/// A message from `leader` to its supervisor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Request {
-    /// The term now ends at this instant (nanoseconds on CLOCK_BOOTTIME).
-    Deadline(u64),
-    /// Stop the command: this signal now, SIGKILL after the grace period.
-    Stop(Signal),
-    /// SIGKILL everything now (a second signal to `leader`).
-    Kill,
-    /// Pass this signal on to the command's process group; change nothing else.
-    Forward(Signal),
-}
-
-/// Why the supervisor ended, as it tells `leader`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// The command exited by itself (anything it left behind was stopped).
-    Exited,
-    /// The term's deadline came: the command was stopped.
-    Deadline,
-    /// The command was stopped on request (of `leader`, or a signal to the supervisor).
-    Stopped,
-    /// `leader` went away: the command was stopped.
-    Orphaned,
-    /// The deadline had passed before the command could start; nothing ran.
-    NotStarted,
-}
-
-impl Ended {
-    fn as_str(self) -> &'static str {
-        match self {
-            Ended::Exited => "exited",
-            Ended::Deadline => "deadline",
-            Ended::Stopped => "stopped",
-            Ended::Orphaned => "orphaned",
-            Ended::NotStarted => "not-started",
-        }
-    }
-}
-
-/// A message from the supervisor to `leader`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Report {
-    /// The command runs with this pid.
-    Started(i32),
-    /// Everything is gone; the command's exit code (128+N for signal N).
-    Done(Ended, u8),
-}
-
-impl Request {
-    pub(crate) fn encode(self) -> String {
-        match self {
-            Request::Deadline(ns) => format!("deadline {ns}\n"),
-            Request::Stop(s) => format!("stop {}\n", s as i32),
-            Request::Kill => "kill\n".to_owned(),
-            Request::Forward(s) => format!("forward {}\n", s as i32),
-        }
-    }
-
-    fn parse(line: &str) -> Option<Self> {
-        let (word, arg) = line.split_once(' ').unwrap_or((line, ""));
-        let signal = || Signal::try_from(arg.parse::<i32>().ok()?).ok();
-        match word {
-            "deadline" => arg.parse().ok().map(Request::Deadline),
-            "stop" => signal().map(Request::Stop),
-            "kill" => Some(Request::Kill),
-            "forward" => signal().map(Request::Forward),
-            _ => None,
-        }
-    }
-}
-
-impl Report {
-    fn encode(self) -> String {
-        match self {
-            Report::Started(pid) => format!("started {pid}\n"),
-            Report::Done(why, code) => format!("done {} {code}\n", why.as_str()),
-        }
-    }
-
-    pub(crate) fn parse(line: &str) -> Option<Self> {
-        let mut words = line.split(' ');
-        match (words.next()?, words.next()?, words.next()) {
-            ("started", pid, None) => pid.parse().ok().map(Report::Started),
-            ("done", why, Some(code)) => {
-                let why = [
-                    Ended::Exited,
-                    Ended::Deadline,
-                    Ended::Stopped,
-                    Ended::Orphaned,
-                    Ended::NotStarted,
-                ]
-                .into_iter()
-                .find(|e| e.as_str() == why)?;
-                Some(Report::Done(why, code.parse().ok()?))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// The exit code of a process that ended with `status` (128+N for signal N).
-pub(crate) fn code_of(status: WaitStatus) -> Option<u8> {
-    match status {
-        WaitStatus::Exited(_, code) => Some(u8::try_from(code & 0xff).unwrap_or(1)),
-        WaitStatus::Signaled(_, sig, _) => {
-            Some(u8::try_from((128 + sig as i32) & 0xff).unwrap_or(1))
-        }
-        _ => None,
-    }
-}
-
-/// The exit code for "the term ended before the command could start".
-pub(crate) const NOT_STARTED: u8 = crate::exit::LOST;
 
 /// `leader __exec`: the last step before the command. Returns only if the command cannot start.
 pub(crate) fn exec(args: ExecArgs) -> u8 {
@@ -567,34 +453,5 @@ impl Supervisor {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_round_trip() {
-        for r in [
-            Request::Deadline(123_456_789),
-            Request::Stop(Signal::SIGINT),
-            Request::Kill,
-            Request::Forward(Signal::SIGUSR1),
-        ] {
-            let line = r.encode();
-            assert_eq!(Request::parse(line.trim_end()), Some(r), "{line}");
-        }
-        for r in [
-            Report::Started(42),
-            Report::Done(Ended::Deadline, 137),
-            Report::Done(Ended::NotStarted, NOT_STARTED),
-            Report::Done(Ended::Exited, 0),
-        ] {
-            let line = r.encode();
-            assert_eq!(Report::parse(line.trim_end()), Some(r), "{line}");
-        }
-        assert_eq!(Request::parse("stop banana"), None);
-        assert_eq!(Report::parse("done maybe 1"), None);
     }
 }

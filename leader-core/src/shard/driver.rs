@@ -15,18 +15,20 @@ use super::records::{
     Names, Roster, ShardRecord, ShardSet, ShardState, claims_metadata, claims_of, score,
     stable_hash,
 };
-use super::{Assignment, ShardFlaw, Shared, Slot};
+use super::{Assignment, ShardFlaw, Shared};
 use crate::backend::{
     Backoff, Expected, ExpiryModel, Fence, FencedCas, FencedPut, LeaseBackend, ObjectWrite,
     Revision, Stored, within,
 };
 use crate::clock::Anchor;
 use crate::config::{ClockRate, Timing};
-use crate::elector::{ElectorTask, Problem, TermDeadline, is_permanent, term_over};
+use crate::elector::{ElectorTask, Problem, is_permanent};
 use crate::error::{Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
-use crate::model::{FencingToken, HolderId, ObjectName};
+use crate::model::{HolderId, ObjectName};
 use crate::rand::Rng;
+use crate::term::{TermDeadline, TermSlot, term_over};
+use crate::token::FencingToken;
 
 /// At most this many shards are taken in one poll, so that a poll stays short next to the
 /// renew period.
@@ -70,7 +72,7 @@ struct Peer {
 enum State {
     /// Written, not yet published in a successful renew: not acted on.
     Pending,
-    /// Led: the receiver closes when every `ShardTerm` of it is dropped.
+    /// Led: the receiver closes when every `Term` of it is dropped.
     Acting(mpsc::Receiver<()>),
     /// Being released; `None` once no work of it can be running.
     Releasing(Option<mpsc::Receiver<()>>),
@@ -514,7 +516,7 @@ impl Driver {
                 owned.state = State::Acting(rx);
                 slots.insert(
                     *s,
-                    Slot {
+                    TermSlot {
                         fence: Fence {
                             key: m.fence.key.clone(),
                             holder: self.me.clone(),
@@ -898,16 +900,15 @@ impl Driver {
         // 2. Who may be acting on each: absent records are checked against the members'
         // claims as they are now (linearizable reads), others against their owner's term.
         let my_term = m.fence.token.0;
-        let ours = |r: &ShardRecord, me: &HolderId, flaw| {
-            r.state == ShardState::Held
-                && r.owner == *me
-                && (r.member == my_term || flaw == ShardFlaw::OwnerById)
+        let by_id = self.planted(ShardFlaw::OwnerById);
+        let ours = |r: &ShardRecord, me: &HolderId| {
+            r.state == ShardState::Held && r.owner == *me && (r.member == my_term || by_id)
         };
         let needs_claims = found.iter().any(|(_, r)| match r {
             None => true,
-            Some((r, _)) => ours(r, &self.me, self.flaw),
+            Some((r, _)) => ours(r, &self.me),
         });
-        let claims = if needs_claims && self.flaw != ShardFlaw::IgnoreClaims {
+        let claims = if needs_claims && !self.planted(ShardFlaw::IgnoreClaims) {
             self.claims_now(m).await
         } else {
             Some(Vec::new())
@@ -941,7 +942,7 @@ impl Driver {
                 Some((r, revision)) if r.state == ShardState::Released => {
                     free.push((s, Expected::Revision(revision), r.token));
                 }
-                Some((r, revision)) if ours(&r, &self.me, self.flaw) => {
+                Some((r, revision)) if ours(&r, &self.me) => {
                     // Ours already: a write whose answer was lost, or one that landed late
                     // (perhaps after an operator deleted another member's record of the shard).
                     // Adopted only if no other live member claims it, by a write of our own
@@ -965,7 +966,7 @@ impl Driver {
         if !free.is_empty() {
             // 3. One reserved token for the batch, above every earlier one, then the records.
             let floor = free.iter().map(|(_, _, t)| *t).max().unwrap_or(0);
-            let reserved = if self.flaw == ShardFlaw::NoReservation {
+            let reserved = if self.planted(ShardFlaw::NoReservation) {
                 Some(None)
             } else {
                 self.reserve(floor).await?.map(Some)
@@ -996,7 +997,7 @@ impl Driver {
             if !self.stay(m).await {
                 break;
             }
-            let token = token.unwrap_or(if self.flaw == ShardFlaw::NoReservation {
+            let token = token.unwrap_or(if self.planted(ShardFlaw::NoReservation) {
                 old + 1
             } else {
                 old
@@ -1207,7 +1208,7 @@ impl Driver {
     async fn end_if_over(&mut self, owner: &HolderId, token: u64) -> bool {
         let key = self.names.member(owner);
         let ttl = self.wait_ttl();
-        if self.flaw == ShardFlaw::LaggingOwnerRead {
+        if self.planted(ShardFlaw::LaggingOwnerRead) {
             return self.flawed_over(owner, token).await;
         }
         let read = within(
@@ -1294,6 +1295,12 @@ impl Driver {
             self.reapers.insert(owner.clone(), client);
         }
         self.reapers.get_mut(owner)
+    }
+
+    /// Whether the simulation planted `flaw` in this instance. Always false without the
+    /// `simulation` feature, so that the flawed branches are not even compiled in.
+    fn planted(&self, flaw: ShardFlaw) -> bool {
+        cfg!(feature = "simulation") && self.flaw == flaw
     }
 
     /// The planted flaw [`ShardFlaw::LaggingOwnerRead`]: the owner's term judged from the

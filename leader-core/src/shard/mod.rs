@@ -18,7 +18,7 @@
 //! let handle = ShardedElector::builder(store, LeaseKey::new("queues")?, 8).build()?.spawn();
 //! // Alone, this instance leads all 8 shards; each term has its own token.
 //! let term = handle.next_term().await?;
-//! println!("leading shard {} with token {}", term.shard(), term.token());
+//! println!("leading shard {:?} with token {}", term.shard(), term.token());
 //! drop(term);
 //! handle.shutdown().await;
 //! # Ok(())
@@ -33,17 +33,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Fence, FencedCas, LeaseBackend};
+use crate::backend::{FencedCas, LeaseBackend};
 use crate::config::{ClockRate, Timing, TimingOverrides};
-use crate::elector::{ElectorTask, Problem, Stopped, TermDeadline, term_live};
+use crate::elector::{ElectorTask, Problem, Stopped};
 use crate::error::ConfigError;
 use crate::lease::LeaseClient;
-use crate::model::{FencingToken, HolderId, LeaseKey};
+use crate::model::{HolderId, LeaseKey};
 use crate::rand::Rng;
+use crate::term::{Term, TermSlot};
+use crate::token::FencingToken;
 
 pub use records::{MAX_SHARDS, ShardSet};
 pub use status::{MemberStatus, ShardedStatus, read_status};
@@ -66,8 +67,10 @@ pub struct Assignment {
     pub stopped: Option<Option<Problem>>,
 }
 
-/// A deliberate flaw in the sharded protocol, for the simulation's negative controls.
-#[doc(hidden)]
+/// A deliberate flaw in the sharded protocol, for the simulation's negative controls
+/// (`leader_core::simulation::ShardFlaw`, feature `simulation`; without it no flaw can be
+/// planted, and the flawed branches are compiled out).
+#[cfg_attr(not(feature = "simulation"), allow(dead_code, unreachable_pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ShardFlaw {
     /// None: the rules as documented.
@@ -136,14 +139,14 @@ impl ShardedElectorBuilder {
     }
 
     /// Simulation only: run this instance's timers as if its clock ran at `rate`.
-    #[doc(hidden)]
+    #[cfg(feature = "simulation")]
     pub fn simulated_clock_rate(mut self, rate: f64) -> Self {
         self.clock = ClockRate(rate);
         self
     }
 
     /// Simulation only: plant a flaw, to show that the checkers catch it.
-    #[doc(hidden)]
+    #[cfg(feature = "simulation")]
     pub fn flaw(mut self, flaw: ShardFlaw) -> Self {
         self.flaw = flaw;
         self
@@ -205,14 +208,14 @@ impl ShardedElectorBuilder {
     }
 }
 
-/// Leads a share of a key's shards, one [`ShardTerm`] per led shard.
+/// Leads a share of a key's shards, one [`Term`] per led shard.
 ///
 /// Instances of one key find each other through the store (a roster object and one
 /// membership lease each), and balance the shards to within one of each other: an instance
 /// takes free shards while below its fair share `ceil(shards / members)` and releases (never
 /// lets expire) the ones above it. Every shard term has the single-key guarantees: it ends by
 /// its deadline on the local clock whether or not the elector's task runs, its token is
-/// higher than every earlier term of the shard, and [`ShardTerm::fence`] fences writes.
+/// higher than every earlier term of the shard, and [`Term::fence`] fences writes.
 ///
 /// The store needs both the lease contract ([`LeaseBackend`]) and conditional objects
 /// ([`FencedCas`]): a [`ShardStore`]; every store of the suite is one.
@@ -272,22 +275,6 @@ impl ShardedElector {
     }
 }
 
-/// One led shard as the driver and the handle share it.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    pub(crate) fence: Fence,
-    pub(crate) cancel: CancellationToken,
-    pub(crate) deadline: watch::Receiver<TermDeadline>,
-    pub(crate) alive: mpsc::Sender<()>,
-    pub(crate) handed_out: bool,
-}
-
-impl Slot {
-    fn live(&self) -> bool {
-        term_live(&self.cancel, &self.deadline)
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) tick: Duration,
@@ -295,7 +282,7 @@ pub(crate) struct Shared {
     pub(crate) holder: HolderId,
     pub(crate) shards: u32,
     pub(crate) shutdown: CancellationToken,
-    pub(crate) slots: Mutex<BTreeMap<u32, Slot>>,
+    pub(crate) slots: Mutex<BTreeMap<u32, TermSlot>>,
     pub(crate) tx: watch::Sender<Assignment>,
     /// The metric of how many shards are led, set with every publication.
     pub(crate) shards_led: ::metrics::Gauge,
@@ -303,7 +290,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn slots(&self) -> MutexGuard<'_, BTreeMap<u32, Slot>> {
+    pub(crate) fn slots(&self) -> MutexGuard<'_, BTreeMap<u32, TermSlot>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -384,7 +371,7 @@ impl ShardedHandle {
     ///
     /// # Cancel safety
     /// Cancel-safe.
-    pub async fn next_term(&self) -> Result<ShardTerm, Stopped> {
+    pub async fn next_term(&self) -> Result<Term, Stopped> {
         self.terms().next().await
     }
 
@@ -397,7 +384,7 @@ impl ShardedHandle {
         }
     }
 
-    /// Stops: ends every shard term, waits for their [`ShardTerm`]s to be dropped (at most
+    /// Stops: ends every shard term, waits for their [`Term`]s to be dropped (at most
     /// until the deadline), releases the shards whose work stopped, then the membership, and
     /// returns when the instance has stopped.
     ///
@@ -428,7 +415,7 @@ pub struct ShardTerms {
 
 impl ShardTerms {
     /// Waits for a shard term that has not been handed out yet and returns it. Each term is
-    /// handed out once. Drop the [`ShardTerm`] when its work has stopped: a release (to
+    /// handed out once. Drop the [`Term`] when its work has stopped: a release (to
     /// rebalance, or at shutdown) waits for that, up to the deadline, before it lets another
     /// instance take the shard.
     ///
@@ -437,91 +424,22 @@ impl ShardTerms {
     ///
     /// # Cancel safety
     /// Cancel-safe.
-    pub async fn next(&self) -> Result<ShardTerm, Stopped> {
+    pub async fn next(&self) -> Result<Term, Stopped> {
         let mut rx = self.rx.clone();
         loop {
             let stopped = rx.borrow_and_update().stopped.clone();
             if let Some(problem) = stopped {
                 return Err(Stopped { problem });
             }
-            {
-                let mut slots = self.shared.slots();
-                if let Some((shard, slot)) = slots
-                    .iter_mut()
-                    .find(|(_, slot)| !slot.handed_out && slot.live())
-                {
-                    slot.handed_out = true;
-                    return Ok(ShardTerm {
-                        shard: *shard,
-                        fence: slot.fence.clone(),
-                        cancel: slot.cancel.clone(),
-                        deadline: slot.deadline.clone(),
-                        _alive: slot.alive.clone(),
-                    });
-                }
+            let handed = self
+                .shared
+                .slots()
+                .iter_mut()
+                .find_map(|(shard, slot)| slot.hand_out(Some(*shard), None));
+            if let Some(term) = handed {
+                return Ok(term);
             }
             rx.changed().await.map_err(|_| Stopped { problem: None })?;
         }
-    }
-}
-
-/// One term of leadership of one shard.
-///
-/// As [`Term`](crate::Term): check [`is_valid`](Self::is_valid) before each action or run the
-/// work until [`cancelled`](Self::cancelled), pass [`fence`](Self::fence) with writes to
-/// protected resources, and drop it when the work has stopped.
-#[derive(Debug)]
-pub struct ShardTerm {
-    shard: u32,
-    fence: Fence,
-    cancel: CancellationToken,
-    deadline: watch::Receiver<TermDeadline>,
-    _alive: mpsc::Sender<()>,
-}
-
-impl ShardTerm {
-    /// The shard, `0..shards`.
-    pub fn shard(&self) -> u32 {
-        self.shard
-    }
-
-    /// The term's fencing token: higher than every earlier term's of this shard.
-    pub fn token(&self) -> FencingToken {
-        self.fence.token
-    }
-
-    /// The fence for writes to protected objects: the shard's token, and this instance's
-    /// membership lease as the lease that must be live (checked in the same write on the
-    /// stores that can).
-    pub fn fence(&self) -> &Fence {
-        &self.fence
-    }
-
-    /// The deadline as of the last successful membership renew (earlier by the time the host
-    /// was suspended since).
-    pub fn deadline(&self) -> Instant {
-        self.deadline.borrow().effective()
-    }
-
-    /// Whether the term still allows acting: not ended and before the deadline.
-    pub fn is_valid(&self) -> bool {
-        term_live(&self.cancel, &self.deadline)
-    }
-
-    /// Completes when the term ends: released, lost, or its deadline reached on the local
-    /// clock. It does not depend on the elector's task running: one watchdog task per
-    /// membership term (not one per shard, which would cost 10,000 timers) cancels every
-    /// shard term at the deadline, also after a host suspend.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe.
-    pub async fn cancelled(&self) {
-        self.cancel.cancelled().await;
-    }
-
-    /// The term's cancellation token, for work spawned elsewhere: cancelled when the term
-    /// ends (by the elector, by a watchdog at the deadline, or when the elector's task ends).
-    pub fn cancellation_token(&self) -> CancellationToken {
-        self.cancel.clone()
     }
 }

@@ -3,7 +3,8 @@
 use crate::backend::{FencedCas, LeaseBackend, within};
 use crate::call::DEFAULT_BUDGET;
 use crate::error::{ConfigError, Error};
-use crate::model::{FencingToken, HolderId, LeaseKey, Metadata};
+use crate::model::{HolderId, LeaseKey, Metadata};
+use crate::token::FencingToken;
 
 use super::records::{Names, Roster, ShardSet, claims_of};
 

@@ -424,7 +424,8 @@ mod tests {
     use super::*;
     use crate::backend::{Expected, Fence, FencedStore, WriteKind};
     use crate::memory::MemoryStore;
-    use crate::model::{FencingToken, HolderId, LeaseRecord, Metadata, TermId, WriteNonce};
+    use crate::model::{HolderId, LeaseRecord, Metadata, TermId, WriteNonce};
+    use crate::token::FencingToken;
     use tokio::time::timeout;
 
     fn request(holder: &str, expected: Expected, nonce: u64) -> WriteRequest {

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
+pub use crate::shard::ShardFlaw;
 pub use check::{
     Gap, Span, check_fencing, check_liveness, check_one_leader, check_tokens, liveness_bound, spans,
 };
@@ -61,11 +62,12 @@ use crate::backend::{
     ObjectWrite, Revision, Stored, WriteKind, WriteOutcome, WriteRequest,
 };
 use crate::config::Timing;
-use crate::elector::{Elector, ElectorHandle, Leadership, Term};
+use crate::elector::{Elector, ElectorHandle, Leadership};
 use crate::error::{ConfigError, Error};
 use crate::memory::MemoryStore;
 use crate::model::{HolderId, LeaseKey, ObjectName};
 use crate::rand::Rng;
+use crate::term::Term;
 
 /// A deliberate bug, to show that the checkers catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! token lease), under paused tokio time.
 //!
 //! Every instance runs a worker per led shard that acts every few milliseconds while its
-//! [`ShardTerm`](crate::ShardTerm) is valid, logging each act. The checkers:
+//! [`Term`](crate::Term) is valid, logging each act. The checkers:
 //! 1. [`check_one_owner`]: no two terms of one shard acted in overlapping intervals;
 //! 2. [`check_shard_tokens`]: per shard, terms' tokens strictly increase in the order they
 //!    acted, and no token serves two terms;
@@ -495,6 +495,7 @@ fn start(world: &Arc<World>, inst: Inst, id: &str, rng: &mut Rng) -> Option<Runn
     let workers = tokio::spawn(Freezable {
         inner: Box::pin(async move {
             while let Ok(term) = terms.next().await {
+                let Some(shard) = term.shard() else { continue };
                 let w = w.clone();
                 tokio::spawn(Freezable {
                     inner: Box::pin(async move {
@@ -511,7 +512,6 @@ fn start(world: &Arc<World>, inst: Inst, id: &str, rng: &mut Rng) -> Option<Runn
                             if !go {
                                 break;
                             }
-                            let shard = term.shard();
                             let admitted = w
                                 .gates
                                 .get(shard as usize)

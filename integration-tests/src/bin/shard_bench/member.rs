@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use integration_tests::chaos::{BackendKind, instant_us, mono_us};
-use leader_core::{Elector, HolderId, LeaseBackend, LeaseKey, ShardTerm, ShardedElector, Timing};
+use leader_core::{Elector, HolderId, LeaseBackend, LeaseKey, ShardedElector, Term, Timing};
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
@@ -263,7 +263,7 @@ pub(crate) async fn open(kind: BackendKind, url: &str, place: &str) -> Result<Co
 struct Held {
     /// Terms held now (a clone of each term's deadline source is not needed: the sharded
     /// terms share the membership deadline, so one held term tells it).
-    terms: Mutex<BTreeMap<u32, Arc<ShardTerm>>>,
+    terms: Mutex<BTreeMap<u32, Arc<Term>>>,
     count: AtomicU64,
     missed: AtomicU64,
     lost: AtomicU64,
@@ -369,8 +369,8 @@ pub(crate) async fn run(args: MemberArgs) -> Result<(), String> {
 /// Takes every shard term, holds it until it ends, logs both, and drops it.
 async fn hold_shard_terms(terms: leader_core::ShardTerms, held: Arc<Held>) {
     while let Ok(term) = terms.next().await {
+        let Some(shard) = term.shard() else { continue };
         let term = Arc::new(term);
-        let shard = term.shard();
         let tok = term.token().get();
         held.terms
             .lock()

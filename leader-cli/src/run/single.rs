@@ -1,0 +1,186 @@
+//! `leader run` on one lease: campaign, run the command in each term this instance wins (one
+//! term with `--supervise`'s loop, or just one), and release when it is done.
+
+use leader::{Elector, ElectorHandle, Leadership, Term};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{Plan, RunArgs, campaign_failed, config_error, first_read};
+use crate::signals::{Inbox, Received, Signals};
+use crate::store::{self, StoreUrl};
+use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
+use crate::{Exit, endpoints, exit};
+
+pub(super) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8, Exit> {
+    let (backend, key) = store::open(url, &args.store_options).await?;
+    let mut builder = Elector::builder(backend.clone(), key.clone())
+        .timing(plan.timing)
+        .metadata(plan.metadata.clone());
+    if let Some(holder) = plan.holder {
+        builder = builder.holder_id(holder);
+    }
+    let elector = builder.build().map_err(config_error)?;
+    let timing = *elector.timing();
+    become_subreaper()?;
+    first_read(
+        &timing,
+        ("campaigning", "the lease record"),
+        backend.read(&key),
+    )
+    .await?;
+
+    let mut signals = Signals::new()?;
+    let handle = elector.spawn();
+    let holder = handle.holder_id().clone();
+    if let Some(e) = plan.endpoint {
+        let instance = endpoints::Instance {
+            key: key.clone(),
+            holder: holder.clone(),
+            ttl: timing.ttl,
+            contact: handle.store_contact(),
+            source: endpoints::Source::Single {
+                leadership: handle.leadership(),
+                metadata: plan.metadata,
+            },
+        };
+        endpoints::serve(e.listener, e.prometheus, instance);
+    }
+    info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, grace = ?plan.grace, "campaigning");
+    let wait_until = match args.wait {
+        Some(w) => Some(
+            Instant::now()
+                .checked_add(w)
+                .ok_or_else(|| Exit::new(exit::CONFIG, format!("--wait {w:?} is too long")))?,
+        ),
+        None => None,
+    };
+    let ctx = Ctx {
+        command: args.command.clone(),
+        store: args.store.clone(),
+        log_format: plan.log_format,
+        timing,
+        grace: plan.grace,
+        key: handle.key().clone(),
+        holder,
+        shards: None,
+    };
+    let mut handle = handle;
+    loop {
+        let term = match next_term(&handle, &mut signals, wait_until).await {
+            Waited::Term(term) => term,
+            Waited::Stop(sig) => {
+                info!(signal = %sig, "signal while waiting for the lease; stopping");
+                handle.shutdown().await;
+                return Ok(128 + sig as u8);
+            }
+            Waited::TooLong(problem) => {
+                handle.shutdown().await;
+                return Err(Exit::new(
+                    exit::NOT_LEADER_IN_TIME,
+                    format!("not leader within --wait{problem}"),
+                ));
+            }
+            Waited::Failed(e) => return Err(e),
+        };
+        info!(token = %term.token(), "became leader; starting the command");
+        let outcome = supervise(&ctx, &term, &mut Inbox::Signals(&mut signals)).await?;
+        handle = match after_term(handle, term, outcome, args.supervise).await {
+            Ok(handle) => handle,
+            Err(code) => return Ok(code),
+        };
+    }
+}
+
+/// How waiting for a term ended.
+enum Waited {
+    Term(Term),
+    /// A stop signal came first.
+    Stop(Signal),
+    /// `--wait` ran out; the last store error, if any, as a suffix for the message.
+    TooLong(String),
+    /// The campaign ended on an error that retrying cannot fix.
+    Failed(Exit),
+}
+
+/// Waits for the next term, a stop signal, or the end of `--wait`.
+async fn next_term(
+    handle: &ElectorHandle,
+    signals: &mut Signals,
+    wait_until: Option<Instant>,
+) -> Waited {
+    loop {
+        return tokio::select! {
+            biased;
+            got = signals.recv() => match got {
+                Received::Stop(sig) => Waited::Stop(sig),
+                Received::Forward(_) => continue,
+            },
+            _ = sleep_until_opt(wait_until) => Waited::TooLong(match handle.current() {
+                Leadership::Unknown { problem: Some(p) } => {
+                    format!(" (last store error: {})", p.message)
+                }
+                _ => String::new(),
+            }),
+            t = handle.wait_for_term() => match t {
+                Ok(t) => Waited::Term(t),
+                Err(stopped) => Waited::Failed(campaign_failed(stopped.problem())),
+            },
+        };
+    }
+}
+
+/// Ends a term whose command has stopped: the handle back to campaign again
+/// (`--supervise`), else the exit code, after a shutdown.
+async fn after_term(
+    handle: ElectorHandle,
+    term: Term,
+    outcome: Outcome,
+    supervised: bool,
+) -> Result<ElectorHandle, u8> {
+    if let Outcome::SupervisorLost(signalled) = outcome {
+        // With the supervisor gone, the lease is left to expire (`docs/protocol.md`). Holding
+        // the term through the step-down keeps the elector from releasing it (it stops
+        // renewing and waits for the term's work until the deadline).
+        warn!("the supervisor died; the lease is left to expire");
+        if supervised && signalled.is_none() {
+            let _ = handle.resign().await;
+            drop(term);
+            return Ok(handle);
+        }
+        handle.shutdown().await;
+        drop(term);
+        return Err(signalled.map_or(exit::LOST, |sig| 128 + sig as u8));
+    }
+    drop(term);
+    let code = match outcome {
+        Outcome::Exited(code) => {
+            info!(code, "the command exited; releasing the lease");
+            code
+        }
+        Outcome::Lost => {
+            warn!("leadership lost; the command was stopped");
+            exit::LOST
+        }
+        Outcome::Signalled(sig) => {
+            info!("the command and everything it started are gone; releasing the lease");
+            handle.shutdown().await;
+            return Err(128 + sig as u8);
+        }
+        Outcome::SupervisorLost(_) => return Err(exit::LOST),
+    };
+    if supervised {
+        // Everything is gone; do not reuse what may be left of the term.
+        let _ = handle.resign().await;
+        return Ok(handle);
+    }
+    handle.shutdown().await;
+    Err(code)
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
