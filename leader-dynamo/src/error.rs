@@ -191,13 +191,6 @@ pub(crate) fn map_failure(
     failure: Failure,
     source: Option<BoxError>,
 ) -> Error {
-    let unknown = |message: String, source: Option<BoxError>| {
-        if op.mutates() {
-            Error::Indeterminate { message, source }
-        } else {
-            Error::Unavailable { message, source }
-        }
-    };
     match failure {
         Failure::NotSent(message) => Error::InvalidConfig {
             message: format!("{} could not be sent: {message}", op.name()),
@@ -217,7 +210,7 @@ pub(crate) fn map_failure(
         },
         Failure::Dispatch { message, timeout } => {
             let what = if timeout { "timed out" } else { "failed" };
-            unknown(format!("{} {what}: {message}", op.name()), source)
+            unknown(op, format!("{} {what}: {message}", op.name()), source)
         }
         Failure::NoCredentials {
             message,
@@ -239,6 +232,7 @@ pub(crate) fn map_failure(
             source,
         },
         Failure::BadResponse(message) => unknown(
+            op,
             format!("{}: the response was unreadable: {message}", op.name()),
             source,
         ),
@@ -246,59 +240,78 @@ pub(crate) fn map_failure(
             code,
             message,
             status,
-        } => {
-            let said = format!("{code}: {message}");
-            if THROTTLING.contains(&code.as_str()) {
-                Error::Throttled {
-                    message: said,
-                    source,
-                }
-            } else if code == "ResourceNotFoundException" {
-                Error::NotFound {
-                    what: format!("DynamoDB table {:?}", ctx.table),
-                    source,
-                }
-            } else if code == "AccessDeniedException" {
-                Error::PermissionDenied {
-                    message: said,
-                    source,
-                }
-            } else if BAD_CREDENTIALS.contains(&code.as_str()) {
-                Error::Unauthenticated {
-                    message: said,
-                    source,
-                }
-            } else if code == "ValidationException"
-                && (message.contains("key element does not match the schema")
-                    || message.contains("Missing the key"))
-            {
-                Error::InvalidConfig {
-                    message: format!(
-                        "the key schema of DynamoDB table {:?} does not match the configured \
-                         partition key ({said})",
-                        ctx.table
-                    ),
-                    source,
-                }
-            } else if code == "TransactionConflictException"
-                || code == "TransactionInProgressException"
-            {
-                // Rejected before it was applied: a concurrent transaction held the item.
-                Error::Unavailable {
-                    message: said,
-                    source,
-                }
-            } else if status >= 500 || code == "InternalServerError" {
-                unknown(
-                    format!("{} failed on the server: {said}", op.name()),
-                    source,
-                )
-            } else {
-                Error::Backend {
-                    message: format!("{} failed: {said}", op.name()),
-                    source,
-                }
-            }
+        } => service_error(op, ctx, &code, &message, status, source),
+    }
+}
+
+/// What a failure of unknown outcome is: indeterminate for a write (it may have been
+/// applied), unavailable for a read.
+fn unknown(op: Op, message: String, source: Option<BoxError>) -> Error {
+    if op.mutates() {
+        Error::Indeterminate { message, source }
+    } else {
+        Error::Unavailable { message, source }
+    }
+}
+
+/// A failure DynamoDB answered with an error `code` (and HTTP `status`).
+fn service_error(
+    op: Op,
+    ctx: &Context,
+    code: &str,
+    message: &str,
+    status: u16,
+    source: Option<BoxError>,
+) -> Error {
+    let said = format!("{code}: {message}");
+    if THROTTLING.contains(&code) {
+        Error::Throttled {
+            message: said,
+            source,
+        }
+    } else if code == "ResourceNotFoundException" {
+        Error::NotFound {
+            what: format!("DynamoDB table {:?}", ctx.table),
+            source,
+        }
+    } else if code == "AccessDeniedException" {
+        Error::PermissionDenied {
+            message: said,
+            source,
+        }
+    } else if BAD_CREDENTIALS.contains(&code) {
+        Error::Unauthenticated {
+            message: said,
+            source,
+        }
+    } else if code == "ValidationException"
+        && (message.contains("key element does not match the schema")
+            || message.contains("Missing the key"))
+    {
+        Error::InvalidConfig {
+            message: format!(
+                "the key schema of DynamoDB table {:?} does not match the configured \
+                 partition key ({said})",
+                ctx.table
+            ),
+            source,
+        }
+    } else if code == "TransactionConflictException" || code == "TransactionInProgressException" {
+        // Rejected before it was applied: a concurrent transaction held the item.
+        Error::Unavailable {
+            message: said,
+            source,
+        }
+    } else if status >= 500 || code == "InternalServerError" {
+        unknown(
+            op,
+            format!("{} failed on the server: {said}", op.name()),
+            source,
+        )
+    } else {
+        Error::Backend {
+            message: format!("{} failed: {said}", op.name()),
+            source,
         }
     }
 }

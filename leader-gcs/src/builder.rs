@@ -67,6 +67,13 @@ pub struct GcsBuilder {
     identity: Identity,
 }
 
+impl GcsStore {
+    /// A builder; see [`GcsBuilder`].
+    pub fn builder() -> GcsBuilder {
+        GcsBuilder::new()
+    }
+}
+
 impl Default for GcsBuilder {
     fn default() -> Self {
         Self {

@@ -20,7 +20,6 @@ use leader_core::{
     ConfigError, Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName, Timing,
 };
 
-use crate::builder::GcsBuilder;
 use crate::error::{Class, Request, after_ambiguous, bucket_missing, map_error};
 
 /// GCS accepts about one write per second to one object name.
@@ -59,12 +58,7 @@ enum Put {
     PreconditionFailed,
 }
 
-impl GcsStore {
-    /// A builder; see [`GcsBuilder`].
-    pub fn builder() -> GcsBuilder {
-        GcsBuilder::new()
-    }
-}
+impl GcsStore {}
 
 impl<S: Stub + 'static> GcsStore<S> {
     pub(crate) fn new(storage: Storage<S>, bucket: String, prefix: String) -> Self {

@@ -44,6 +44,13 @@ pub struct ZooKeeperBuilder {
     connect_timeout: Duration,
 }
 
+impl ZooKeeperStore {
+    /// A builder; see [`ZooKeeperBuilder`].
+    pub fn builder() -> ZooKeeperBuilder {
+        ZooKeeperBuilder::new()
+    }
+}
+
 impl Default for ZooKeeperBuilder {
     fn default() -> Self {
         Self {

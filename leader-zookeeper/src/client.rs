@@ -9,6 +9,7 @@
 //! - `{path}/.{name}.fenced`: a protected object, [`encode_fenced`] bytes.
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -26,11 +27,11 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use zookeeper_client::{
     Acls, AddWatchMode, Client, CreateMode, CreateOptions, Error as ZkError, EventType,
-    MultiWriteError, MultiWriteResult, Stat,
+    MultiWriteResult, Stat,
 };
 
-use crate::builder::ZooKeeperBuilder;
 use crate::error::{Class, Request, map_error, parent_missing};
+use crate::multi::{multi_failure, replace_node};
 use crate::session::SharedSession;
 use crate::term::{
     AbortOnDrop, TermSession, Terms, end_session, lease_node_acl, session_timeout_for,
@@ -107,11 +108,6 @@ enum Attempt {
 }
 
 impl ZooKeeperStore {
-    /// A builder; see [`ZooKeeperBuilder`].
-    pub fn builder() -> ZooKeeperBuilder {
-        ZooKeeperBuilder::new()
-    }
-
     pub(crate) fn new(path: String, shared: SharedSession) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -266,75 +262,15 @@ impl ZooKeeperStore {
         let data = req.record.to_json();
         let acl = lease_node_acl();
         let ephemeral = CreateMode::Ephemeral.with_acls(Acls::new(&acl));
-        // The new term's ephemeral node, created by its own session.
-        let create = || {
-            let request = Request::write("creating the lease node", path);
-            once(request, || async {
-                session
-                    .client
-                    .create(path, &data, &ephemeral)
-                    .await
-                    .map(|(stat, _)| Some(stat))
-                    .map_err(|e| (e, 0))
-            })
-        };
         let attempt = match expected {
-            None => create().await?,
-            Some((czxid, version)) => {
-                let Some(next) = version.checked_add(1) else {
-                    return Ok(conflict(None));
-                };
-                let mut ours = self.inner.terms.by_node(path, czxid);
-                if ours.is_none() {
-                    // A create of ours whose answer was lost records no czxid: tell our own
-                    // node by its owner, one of our term sessions.
-                    if let Ok(Some(stat)) = session.client.check_stat(path).await
-                        && stat.czxid == czxid
-                        && stat.ephemeral_owner != 0
-                    {
-                        ours = self.inner.terms.by_owner(path, stat.ephemeral_owner);
-                    }
-                }
-                if let Some(old) = ours {
-                    // Our own earlier term's node: only its session may write it. It deletes
-                    // it, then the new session creates the new term's node.
-                    let delete = Request::write("deleting our earlier term's lease node", path);
-                    match once(delete, || {
-                        replace_node(&old.client, path, &[], version, next, None)
-                    })
+            None => create_node(session, path, &data, &ephemeral).await?,
+            Some(at) => {
+                match self
+                    .take_node(session, key, path, &data, &ephemeral, at)
                     .await?
-                    {
-                        Attempt::Done(_) => {
-                            self.inner
-                                .terms
-                                .forget(path, old.term, Some(old.session_id));
-                        }
-                        Attempt::Failed(e, index) => {
-                            return self.acquire_failed(key, path, e, index, true).await;
-                        }
-                    }
-                    create().await?
-                } else {
-                    // A released record (or an ended term's node of another process, which
-                    // its ACL protects: `setData` fails): replace it in one multi. The
-                    // multi checks the version only, which a recreated node restarts: the
-                    // czxid is checked first (the window between the two is one round trip;
-                    // a node another term created in it is protected by its ACL).
-                    if !self.is_at(session, path, czxid, version).await? {
-                        return Ok(conflict(self.current(key, path).await));
-                    }
-                    let replace = Request::write("replacing the lease record", path);
-                    once(replace, || {
-                        replace_node(
-                            &session.client,
-                            path,
-                            &data,
-                            version,
-                            next,
-                            Some(&ephemeral),
-                        )
-                    })
-                    .await?
+                {
+                    ControlFlow::Continue(attempt) => attempt,
+                    ControlFlow::Break(answer) => return answer,
                 }
             }
         };
@@ -346,6 +282,86 @@ impl ZooKeeperStore {
                     .await;
             }
         };
+        self.write_token(session, key, path, req, stat).await
+    }
+
+    /// The term's node where a record was at `(czxid, version)`: our own earlier term's node
+    /// is deleted by its session and created anew by this one; any other record is replaced
+    /// in one multi. `Break` with the write's answer when it is decided without a node.
+    async fn take_node(
+        &self,
+        session: &TermSession,
+        key: &LeaseKey,
+        path: &str,
+        data: &[u8],
+        ephemeral: &CreateOptions<'_>,
+        (czxid, version): (i64, i32),
+    ) -> Result<ControlFlow<WriteResult, Attempt>, Error> {
+        let Some(next) = version.checked_add(1) else {
+            return Ok(ControlFlow::Break(Ok(conflict(None))));
+        };
+        let mut ours = self.inner.terms.by_node(path, czxid);
+        if ours.is_none() {
+            // A create of ours whose answer was lost records no czxid: tell our own node by
+            // its owner, one of our term sessions.
+            if let Ok(Some(stat)) = session.client.check_stat(path).await
+                && stat.czxid == czxid
+                && stat.ephemeral_owner != 0
+            {
+                ours = self.inner.terms.by_owner(path, stat.ephemeral_owner);
+            }
+        }
+        if let Some(old) = ours {
+            // Our own earlier term's node: only its session may write it. It deletes it, then
+            // the new session creates the new term's node.
+            let delete = Request::write("deleting our earlier term's lease node", path);
+            match once(delete, || {
+                replace_node(&old.client, path, &[], version, next, None)
+            })
+            .await?
+            {
+                Attempt::Done(_) => {
+                    self.inner
+                        .terms
+                        .forget(path, old.term, Some(old.session_id));
+                }
+                Attempt::Failed(e, index) => {
+                    let answer = self.acquire_failed(key, path, e, index, true).await;
+                    return Ok(ControlFlow::Break(answer));
+                }
+            }
+            return Ok(ControlFlow::Continue(
+                create_node(session, path, data, ephemeral).await?,
+            ));
+        }
+        // A released record (or an ended term's node of another process, which its ACL
+        // protects: `setData` fails): replace it in one multi. The multi checks the version
+        // only, which a recreated node restarts: the czxid is checked first (the window
+        // between the two is one round trip; a node another term created in it is protected
+        // by its ACL).
+        if !self.is_at(session, path, czxid, version).await? {
+            let current = self.current(key, path).await;
+            return Ok(ControlFlow::Break(Ok(conflict(current))));
+        }
+        let replace = Request::write("replacing the lease record", path);
+        let attempt = once(replace, || {
+            replace_node(&session.client, path, data, version, next, Some(ephemeral))
+        })
+        .await?;
+        Ok(ControlFlow::Continue(attempt))
+    }
+
+    /// The term's node is created (its stat is `stat`): the token is the node's czxid, known
+    /// only now, so the record is written again with it (same nonce), and every reader sees
+    /// the term's real token.
+    async fn write_token(
+        &self,
+        session: &TermSession,
+        key: &LeaseKey,
+        path: &str,
+        req: &WriteRequest,
+        stat: Stat,
+    ) -> WriteResult {
         let stat = if stat.is_invalid() {
             self.own_stat(session, path).await?
         } else {
@@ -367,8 +383,6 @@ impl ZooKeeperStore {
             });
         }
         session.set_czxid(stat.czxid);
-        // The token is the node's czxid, known only now: the record is written again with
-        // it (same nonce), so that every reader sees the term's real token.
         let mut record = req.record.clone();
         record.token = token;
         let data = record.to_json();
@@ -602,6 +616,25 @@ fn after_create(error: Error, path: &str) -> Error {
 /// Runs one conditional write through the core's call loop (bounded by the call's deadline):
 /// only failures that promise the request was not applied are tried again (throttling, no
 /// server); everything else is the attempt's answer.
+/// Creates the new term's ephemeral node at `path`, by the term's own session.
+async fn create_node(
+    session: &TermSession,
+    path: &str,
+    data: &[u8],
+    ephemeral: &CreateOptions<'_>,
+) -> Result<Attempt, Error> {
+    let request = Request::write("creating the lease node", path);
+    once(request, || async {
+        session
+            .client
+            .create(path, data, ephemeral)
+            .await
+            .map(|(stat, _)| Some(stat))
+            .map_err(|e| (e, 0))
+    })
+    .await
+}
+
 async fn once<F, Fut>(request: Request<'_>, mut attempt: F) -> Result<Attempt, Error>
 where
     F: FnMut() -> Fut,
@@ -654,52 +687,6 @@ fn invalid_stat() -> Stat {
         ephemeral_owner: 0,
         data_length: 0,
         num_children: 0,
-    }
-}
-
-/// The stat of the node created by operation `index` of a multi.
-fn created_stat(results: &[MultiWriteResult], index: usize) -> Option<Stat> {
-    match results.get(index) {
-        Some(MultiWriteResult::Create { stat, .. }) => Some(*stat),
-        _ => None,
-    }
-}
-
-/// Deletes the node at `path` at `version` (`next` is `version + 1`) in one multi through
-/// `client`, and with `create` creates it again with `data`; returns the created node's stat.
-///
-/// The multi starts with a `setData` of `data` at `version`: a lease node's ACL lets only the
-/// session that created it write, so this also proves that the node is the one `client` may
-/// end, which a version alone cannot (versions restart when a node is recreated). A failure
-/// is the error and the index of the operation that failed.
-pub(crate) async fn replace_node(
-    client: &Client,
-    path: &str,
-    data: &[u8],
-    version: i32,
-    next: i32,
-    create: Option<&CreateOptions<'_>>,
-) -> Result<Option<Stat>, (ZkError, usize)> {
-    let mut multi = client.new_multi_writer();
-    multi
-        .add_set_data(path, data, Some(version))
-        .map_err(|e| (e, 0))?;
-    multi.add_delete(path, Some(next)).map_err(|e| (e, 1))?;
-    if let Some(options) = create {
-        multi.add_create(path, data, options).map_err(|e| (e, 2))?;
-    }
-    multi
-        .commit()
-        .await
-        .map(|results| created_stat(&results, 2))
-        .map_err(multi_failure)
-}
-
-/// A failed multi: the error and the failed operation's index (0 if the request failed).
-fn multi_failure(error: MultiWriteError) -> (ZkError, usize) {
-    match error {
-        MultiWriteError::RequestFailed { source } => (source, 0),
-        MultiWriteError::OperationFailed { index, source } => (source, index),
     }
 }
 

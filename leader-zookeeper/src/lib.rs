@@ -158,17 +158,21 @@
 //!   connections per client address by default). An acquire costs a connection, a session
 //!   and three requests (a few round trips); a renew is one request; a waiting follower
 //!   only reads.
+//!
+//! # The suite
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
+//! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
 mod builder;
 mod client;
 mod error;
+mod multi;
 mod session;
 mod term;
 
 pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PATH, HOSTS_VAR, PATH_VAR, ZooKeeperBuilder};
 pub use client::{MAX_TTL, MIN_TTL, ZooKeeperStore};
-
-/// The README's Rust example, compiled as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use zookeeper_client::{Acl, AuthId, Client, Error as ZkError, Permission};
 
-use crate::client::replace_node;
+use crate::multi::replace_node;
 use crate::session::connect;
 
 /// How long ending a term's session may take (deleting its node), when no caller waits.
