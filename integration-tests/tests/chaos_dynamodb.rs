@@ -40,7 +40,7 @@ async fn lossy() {
     chaos_support::drill(BackendKind::Dynamo, Scenario::Lossy).await;
 }
 
-/// Writes held past the sender's request timeout and then applied (issue 12).
+/// Writes held past the sender's request timeout and then applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late() {
     chaos_support::drill(BackendKind::Dynamo, Scenario::Late).await;

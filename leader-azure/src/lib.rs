@@ -4,11 +4,11 @@
 //! a [`leader_core::Elector`] for a lease key, and waits for a term. One blob per key holds
 //! the lease record; instances race to take the blob's lease (15 to 60 s, granted and expired
 //! by the service), and the winner writes the new term's fencing token into the blob with its
-//! lease id before it reports itself leader. The leader renews about every ttl / 3; when it
-//! dies, the service lets the lease expire and the next instance's acquire succeeds; on
-//! shutdown it marks the record released and gives the lease back, so a follower takes over at
-//! once. Tokens keep growing even if an operator deletes the blob (a high-water mark is kept
-//! beside it).
+//! lease id before it reports itself leader. The leader renews every `renew_every` (half the
+//! ttl by default); when it dies, the service lets the lease expire and the next instance's
+//! acquire succeeds; on shutdown it marks the record released and gives the lease back, so a
+//! follower takes over at once. Tokens keep growing even if an operator deletes the blob (a
+//! high-water mark is kept beside it).
 //!
 //! # On a VM with a managed identity
 //!
@@ -94,6 +94,14 @@
 //!   the blob's metadata and write with `If-Match` on the ETag read (`If-None-Match: *` for a
 //!   new blob), so a lower token never overwrites a higher one, and a late upload never
 //!   overwrites a later one.
+//!
+//! # The suite
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
+//! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
 mod auth;
 mod builder;

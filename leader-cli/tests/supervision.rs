@@ -260,7 +260,7 @@ fn sigkill_to_the_group() {
 }
 
 /// SIGKILL of the supervisor alone: the kernel kills the command (PR_SET_PDEATHSIG), `leader`
-/// (a child subreaper) kills the re-parented daemon, leaves the lease to expire (DESIGN.md)
+/// (a child subreaper) kills the re-parented daemon, leaves the lease to expire (`docs/protocol.md`)
 /// and exits 75.
 #[test]
 fn sigkill_of_the_supervisor_alone() {

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
-/// The timing of a lease, per DESIGN.md's timing rules. Every duration is measured on the local
-/// monotonic clock.
+/// The timing of a lease, per the protocol's timing rules (`docs/protocol.md`). Every duration
+/// is measured on the local monotonic clock.
 ///
 /// Build it with [`Timing::from_ttl`], which derives every other setting from the lease
 /// duration, then adjust fields and call [`Timing::validate`].

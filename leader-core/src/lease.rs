@@ -14,10 +14,11 @@ use crate::config::{ClockRate, Timing};
 use crate::error::{ConfigError, Error};
 use crate::metrics::{Op, StoreContact, StoreMetrics};
 use crate::model::{
-    FencingToken, HolderId, LeaseKey, LeaseRecord, LeaseState, Metadata, TermId, WriteNonce,
-    validate_metadata, wall_clock_unix_ms,
+    HolderId, LeaseKey, LeaseRecord, LeaseState, Metadata, TermId, WriteNonce, validate_metadata,
+    wall_clock_unix_ms,
 };
 use crate::rand::Rng;
+use crate::token::FencingToken;
 
 /// How many of its own recent writes a client remembers, to recognise them after a lost
 /// response.
@@ -104,7 +105,7 @@ struct OwnWrite {
     term: TermId,
 }
 
-/// The lease protocol of DESIGN.md over any [`LeaseBackend`], for one key and one holder.
+/// The lease protocol (`docs/protocol.md`) over any [`LeaseBackend`], for one key and one holder.
 ///
 /// It keeps what the rules need: the revision a follower has seen and since when (on the local
 /// monotonic clock), the term it holds and the instant its last successful write was sent, and

@@ -123,6 +123,14 @@
 //! - `from-env` (default): [`DynamoBuilder::from_env`], through `aws-config` with a rustls
 //!   (ring) HTTPS client. Without it, this crate compiles no TLS stack: pass your own
 //!   `aws_sdk_dynamodb::Client` to [`DynamoBuilder::with_client`].
+//!
+//! # The suite
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
+//! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
 mod builder;
 mod client;

@@ -88,6 +88,14 @@
 //!   warns on them.
 //! - **No `protoc`.** The few etcd v3 messages used are declared in this crate (the wire
 //!   contract is etcd's `rpc.proto`), so building needs no protobuf compiler.
+//!
+//! # The suite
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
+//! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
 mod builder;
 mod error;

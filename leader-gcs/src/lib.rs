@@ -81,6 +81,14 @@
 //! - **Bucket.** A missing bucket is [`Error::NotFound`](leader_core::Error) naming it (GCS says
 //!   so on reads; fake-gcs-server only on the first write). This crate does not create
 //!   buckets.
+//!
+//! # The suite
+//!
+//! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
+//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
+//! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
 mod builder;
 mod client;

@@ -1,4 +1,4 @@
-//! The benchmark of issue 18 (metrics overhead): `metrics_overhead [--all] [--rounds N]
+//! The benchmark of the metrics' overhead: `metrics_overhead [--all] [--rounds N]
 //! [--secs S] [--warmup S]`, or `metrics_overhead --mode none|prometheus [--secs S]
 //! [--warmup S]` for one round. Build it with `--release`; results are in
 //! `results/metrics-overhead.md`.

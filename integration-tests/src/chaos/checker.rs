@@ -1,4 +1,4 @@
-//! The history checker: what every candidate logged, against the invariants of DESIGN.md.
+//! The history checker: what every candidate logged, against the invariants of `docs/protocol.md`.
 //!
 //! It trusts nothing it cannot read. A line that is not a known event, an event out of place
 //! in its candidate's log (out of time order, outside a term, a write answered before it was

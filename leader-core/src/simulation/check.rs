@@ -1,4 +1,4 @@
-//! The checkers: one per invariant of DESIGN.md, each a pure function of a history.
+//! The checkers: one per invariant of `docs/protocol.md`, each a pure function of a history.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -257,9 +257,9 @@ pub fn liveness_bound(config: &SimConfig) -> Duration {
 ///
 /// A **healthy stretch** is an interval in which the store is healthy and one and the same
 /// candidate is able throughout. Every gap is judged: it breaks liveness if it
-/// contains a healthy stretch longer than [`liveness_bound`]. A gap that starts with a healthy
-/// store is the case of DESIGN.md's liveness invariant; a gap that starts in an outage is
-/// judged the same way from the moment health returns.
+/// contains a healthy stretch longer than [`liveness_bound`]. A gap that starts with a
+/// healthy store is the case of the liveness invariant (`docs/protocol.md`); a gap that starts
+/// in an outage is judged the same way from the moment health returns.
 ///
 /// Returns every gap (with its verdict's inputs) and the violations.
 pub fn check_liveness(config: &SimConfig, events: &[Event]) -> (Vec<Gap>, Vec<Violation>) {

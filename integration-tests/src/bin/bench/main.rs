@@ -1,5 +1,6 @@
-//! The benchmark of issue 15: `bench [backends=file,azure,dynamo,dynamo-peer,gcs] [ttl=15]
-//! [rounds=10] [window=60] [stop_rounds=3] [out=FILE] [dir=DIR]`. Usually run by
+//! The benchmark of latency and store cost, next to a peer crate:
+//! `bench [backends=file,azure,dynamo,dynamo-peer,gcs] [ttl=15] [rounds=10] [window=60]
+//! [stop_rounds=3] [out=FILE] [dir=DIR]`. Usually run by
 //! `scripts/bench`, which builds it with `--release`, starts the emulators and writes
 //! `results/bench.md`.
 //!
@@ -873,7 +874,7 @@ fn usd(v: f64) -> String {
     format!("{v:.6}")
 }
 
-/// The issue's target: a waiting follower's request cost at most a fifth of the peer's.
+/// The target: a waiting follower's request cost at most a fifth of the peer's.
 const TARGET_RATIO: f64 = 0.2;
 
 fn render(settings: &Settings, reports: &[BackendReport]) -> String {
@@ -1031,7 +1032,7 @@ fn render_costs(s: &mut String, reports: &[BackendReport]) {
         "\n## Cost per hour of store requests, USD\n\n\
          The requests above at the prices below: a holder-hour and a follower-hour (one \
          waiting follower; every further follower costs as much again). The last column is \
-         the follower's cost relative to the peer's follower on DynamoDB; the issue's target \
+         the follower's cost relative to the peer's follower on DynamoDB; the target \
          for `dynamo` is at most {TARGET_RATIO} (a fifth). For `azure` and `gcs` it compares \
          across clouds, for scale only.\n\n\
          | backend | holder-hour | follower-hour | follower vs the peer's follower |\n\

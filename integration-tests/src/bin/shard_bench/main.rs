@@ -1,4 +1,4 @@
-//! The benchmark of issue 17 (sharded leadership): `shard_bench [parts=scale,fleet]
+//! The benchmark of sharded leadership: `shard_bench [parts=scale,fleet]
 //! [backends=azure,dynamo,gcs,etcd,zookeeper] [shards=1000] [procs=4] [scale_shards=10000]
 //! [scale_settle=20] [scale_window=60] [ttl=15] [settle=10] [window=60] [single_window=30]
 //! [out=FILE] [dir=DIR]`. Usually run by `scripts/shard_bench`, which builds it with
@@ -339,10 +339,7 @@ fn render(s: &Settings, scale: Option<&Result<Scale, String>>, fleets: &[FleetRe
                      until it ends. Window: {:.1} s, after {:.0} s to settle.\n",
                     r.timing, r.window_s, r.settle_s
                 );
-                let _ = writeln!(
-                    o,
-                    "| figure | measured | target (issue 17) |\n|---|---|---|"
-                );
+                let _ = writeln!(o, "| figure | measured | target |\n|---|---|---|");
                 let rows = [
                     (
                         "time to take all shards at start".to_owned(),
