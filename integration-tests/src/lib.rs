@@ -19,6 +19,7 @@
 
 pub mod azure;
 pub mod chaos;
+pub mod docs;
 pub mod dynamodb;
 pub mod etcd;
 pub mod gcs;

@@ -5,6 +5,7 @@
 
 mod demo;
 mod endpoints;
+mod help;
 mod process_tree;
 mod run;
 mod signals;
@@ -51,117 +52,8 @@ impl Exit {
     }
 }
 
-const AFTER_HELP: &str = "\
-Timing (measured on this machine's clocks, never another machine's):
-  A term is valid until (send time of its last successful renew) + ttl - margin: the deadline.
-  The command gets SIGTERM at deadline - grace and SIGKILL at the deadline, whether or not the
-  store answered, together with every process it started. A follower takes over only after
-  seeing the lease unchanged for a full ttl, which is after the deadline. A released lease is
-  taken over within one --poll-every. Defaults: renew every ttl/2 (less if that leaves no
-  room for three failed renews, or for --grace), poll every 500ms (at most ttl/5), retry a
-  failing store every ttl/5 at most, request timeout min(ttl/10, 2s), margin
-  max(ttl/10, 2 x request timeout), grace half of
-  (ttl - margin - renew_every - request_timeout - 50ms), at most 10s.
-
-How the command runs:
-  A supervisor process, in a session of its own (Ctrl-C, `kill -- -PGID`, `timeout` and
-  SIGSTOP of leader's group do not reach it), starts the command in its own process group
-  and keeps every process it starts below itself (child subreaper), even one that calls
-  setsid or daemonizes. The command is killed by the kernel if the supervisor dies
-  (PR_SET_PDEATHSIG), and is never started once the term's deadline has passed (checked on
-  CLOCK_BOOTTIME right before exec). The lease is released only after the command and
-  everything it started are gone. The command shares leader's stdin, stdout and stderr but
-  has no controlling terminal: keys typed at the terminal reach leader, which passes the
-  signals on.
-
-Signals:
-  SIGTERM, SIGINT, SIGHUP, SIGQUIT to leader (or its whole process group): passed on to the
-    command and everything it started; SIGKILL after --grace (or at the deadline, if sooner);
-    then the lease is released and leader exits 128+N. Another such signal a second or more
-    later kills at once.
-  SIGUSR1, SIGUSR2: passed on to the command's process group; nothing else changes.
-  SIGTERM etc. sent to the supervisor too (systemd's stop, pkill leader): handled the same.
-  SIGKILL of leader (or its group): the supervisor stops the command (SIGTERM, SIGKILL after
-    --grace or at the deadline); the lease expires after its ttl.
-  SIGKILL of the supervisor: the kernel kills the command; leader kills whatever the command
-    started, leaves the lease to expire and exits 75. A supervisor that does not act (frozen)
-    is killed by leader the same way, half a margin after the deadline or a second after the
-    grace period of a requested stop.
-  SIGSTOP of leader (or its group, Ctrl-Z): the supervisor still stops the command at the
-    deadline; resumed, leader exits 75 (or campaigns again with --supervise).
-  Not covered: SIGKILL of leader and the supervisor at once (pkill -9 leader) kills the
-    command but not what it started (run it under `unshare --pid --fork --kill-child`, or
-    systemd); SIGSTOP of the supervisor and leader at once leaves the command running.
-
-Environment of the command:
-  LEADER_FENCING_TOKEN  the term's fencing token (pass it to the protected resource)
-  LEADER_HOLDER_ID      this instance's id     LEADER_KEY      the lease key
-  LEADER_STORE          the store URL          LEADER_TTL_MS   the lease duration, in ms
-  LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
-  LEADER_SHARD          with --shards: the shard, 0 to N-1 (LEADER_FENCING_TOKEN is its token)
-  LEADER_SHARDS         with --shards: N
-
-Sharded runs (--shards N):
-  Every instance of one store URL and N shares the N shards: each leads its share (within
-  one of the others'), rebalanced as instances come and go, and runs one command per led
-  shard, each under its own supervisor by the rules above (started only within the term,
-  SIGTERM at deadline - grace, SIGKILL at the deadline, every process it starts). A shard
-  moves to another instance only after its command and everything it started have exited.
-  A command that exits by itself while its shard is still led is started again in the same
-  term (same token) after a pause: 1s, doubled while it keeps exiting within 30s, at most
-  30s; so is one whose supervisor was killed. Stop signals reach every shard's command;
-  then leader releases the shards and exits 128+N. --supervise is implied; --wait and --meta
-  do not apply (64); another N than the key's instances use is refused (78). Exit codes: 128+N, 69, 78 as above, never a command's own. The shards
-  are not in `leader status` but in `leader status --shards`.
-
-Logging: LEADER_LOG sets the filter (tracing syntax, e.g. `warn`, `leader_core=debug`, or
-  `debug` for everything, the SDKs included). The default is `info` for leader's own lines and
-  only errors (AWS) or warnings (Azure, Google) from the cloud SDKs. --log-format text|json
-  (LEADER_LOG_FORMAT). Logs go to stderr through a buffer that drops lines rather than block,
-  so a stuck stderr never delays a stop.
-
-Exit codes:
-  the command's own code (128+N if it died of signal N)
-  64   bad arguments or durations, malformed store URL, unknown scheme, backend not compiled in
-  69   the store cannot be used and retrying will not help: missing folder, container, table
-       or bucket, rejected credentials, permission denied, read-only folder
-  73   --wait ran out before becoming leader
-  75   leadership lost while the command ran, or the term ended before it could start
-       (without --supervise)
-  78   configuration error: timing rules, --grace, metadata, a record path that is a folder
-  126  the command cannot be executed      127  the command was not found
-  128+N  leader was stopped by signal N before or while running the command
-  74   leader status --watch: stdout cannot be written (a full disk; a closed pipe exits 0)
-  leader status --watch exits 0 when stopped by SIGINT, SIGTERM or SIGHUP or when its reader
-  goes away; store errors that may pass print an `unknown` line and it goes on.
-  Errors that may pass (store unreachable, throttled, timeouts) are retried, not fatal.
-
-Stores:
-  file:///absolute/path/KEY   leases in files, for processes on one host (the embedded default)
-  azblob://CONTAINER/BLOB, dynamodb://TABLE/KEY, gs://BUCKET/OBJECT   (when compiled in)
-  etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY (etcds:// for TLS), zk://HOST:PORT[,...]/[PATH/]KEY
-
-Credentials (each cloud's usual chain; nothing to pass on the command line):
-  azblob://   AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY
-              or AZURE_STORAGE_SAS_TOKEN; else workload identity (AZURE_FEDERATED_TOKEN_FILE,
-              AZURE_TENANT_ID, AZURE_CLIENT_ID), else the managed identity (AZURE_CLIENT_ID
-              picks a user-assigned one)
-  dynamodb:// the AWS chain: AWS_ACCESS_KEY_ID..., AWS_PROFILE and the shared files, web
-              identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN), ECS, the EC2 instance
-              profile (IMDSv2); region from AWS_REGION or the profile
-  gs://       Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, the gcloud
-              login, or the metadata server (GCE, GKE, Cloud Run)
-  etcd://     LEADER_ETCD_USER and LEADER_ETCD_PASSWORD if the cluster has auth on;
-              LEADER_ETCD_CA_FILE adds a CA to trust for etcds://
-  zk://       none (open ACLs on the parent node; each term's node is writable only by its
-              own session)
-  TLS trusts the system's roots; SSL_CERT_FILE (a PEM bundle) replaces them.
-  --endpoint URL moves the store (credentials unchanged; for etcd:// and zk:// it replaces
-  the hosts). Emulators: --emulator, or their own
-  variables (STORAGE_EMULATOR_HOST, an Azurite connection string).";
-
 #[derive(Debug, Parser)]
-#[command(name = "leader", version, about = "Run a command only while this instance is leader", after_help = AFTER_HELP)]
+#[command(name = "leader", version, about = "Run a command only while this instance is leader", after_help = help::TOP, max_term_width = 100)]
 struct Cli {
     /// Log format on stderr.
     #[arg(long, env = "LEADER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -179,10 +71,11 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Campaign for the lease; run CMD while leader; stop it when leadership ends.
-    #[command(after_help = AFTER_HELP)]
+    #[command(after_help = help::RUN)]
     Run(run::RunArgs),
     /// Print who holds the lease (with --shards: who leads which shards of a sharded key; with
     /// --watch: a line per change until interrupted).
+    #[command(after_help = help::STATUS)]
     Status(status::StatusArgs),
     /// Three `leader run` processes on a temporary file store; kill the leader; watch failover.
     Demo,

@@ -21,7 +21,7 @@ const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
-    /// Where the lease lives (see `leader run --help`).
+    /// Where the lease lives (see "Stores" below).
     #[arg(long, env = "LEADER_STORE")]
     store: String,
     #[command(flatten)]
