@@ -1123,11 +1123,20 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
         CASE,
         "the record must be the last accepted write: {now:?}"
     );
+    racing_creates_have_one_winner(h, CASE).await
+}
 
+/// The canary's second half: 8 concurrent creates of a fresh key, each through a store of
+/// its own; exactly one must win.
+async fn racing_creates_have_one_winner<H: Harness + ?Sized>(
+    h: &H,
+    case: &'static str,
+) -> Result<(), Failure> {
     let race_key = h.unique_key();
+    let ttl = h.timing().ttl;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..8u64 {
-        let store: Arc<dyn LeaseBackend> = h.store().await.ctx(CASE, "connecting")?;
+        let store: Arc<dyn LeaseBackend> = h.store().await.ctx(case, "connecting")?;
         let req = WriteRequest::new(
             race_key.clone(),
             Expected::Absent,
@@ -1139,13 +1148,13 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
     }
     let mut won = 0;
     while let Some(joined) = tasks.join_next().await {
-        if let WriteOutcome::Written(_) = joined.ctx(CASE, "racer")?.ctx(CASE, "racing create")? {
+        if let WriteOutcome::Written(_) = joined.ctx(case, "racer")?.ctx(case, "racing create")? {
             won += 1;
         }
     }
     ensure!(
         won == 1,
-        CASE,
+        case,
         "{won} of 8 concurrent creates won; exactly one must"
     );
     Ok(())
@@ -1159,80 +1168,19 @@ pub async fn fidelity_canary<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> 
 /// # Errors
 /// A [`Failure`] describing the first broken expectation.
 pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-
-    use crate::{ShardStore, ShardedElector, ShardedHandle, Term};
-
-    const CASE: &str = "sharded_balance_and_handover";
-    const SHARDS: u32 = 6;
-    type Led = Arc<Mutex<BTreeMap<u32, Term>>>;
+    use sharded::{CASE, SHARDS};
     let key = h.unique_key();
     let timing = h.timing();
-    let start =
-        |id: &str, store: Arc<dyn ConformantStore>| -> Result<(ShardedHandle, Led), Failure> {
-            let store: Arc<dyn ShardStore> = store;
-            let handle = ShardedElector::builder(store, key.clone(), SHARDS)
-                .timing(timing)
-                .holder_id(HolderId::new(id).ctx(CASE, "holder id")?)
-                .build()
-                .ctx(CASE, "building a sharded elector")?
-                .spawn();
-            let led: Led = Arc::default();
-            let (terms, keep) = (handle.terms(), led.clone());
-            tokio::spawn(async move {
-                while let Ok(term) = terms.next().await {
-                    let Some(shard) = term.shard() else { continue };
-                    let cancel = term.cancellation_token();
-                    keep.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(shard, term);
-                    let keep = keep.clone();
-                    tokio::spawn(async move {
-                        cancel.cancelled().await;
-                        keep.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&shard);
-                    });
-                }
-            });
-            Ok((handle, led))
-        };
-    // Waits until `done` holds for what each instance leads, checking every 20 ms that no
-    // shard is led twice.
-    async fn until(
-        handles: &[&ShardedHandle],
-        within: Duration,
-        what: &str,
-        done: impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool,
-    ) -> Result<Vec<BTreeMap<u32, FencingToken>>, Failure> {
-        let end = Instant::now() + within;
-        loop {
-            let led: Vec<_> = handles.iter().map(|h| h.led()).collect();
-            for s in 0..SHARDS {
-                let n = led.iter().filter(|l| l.contains_key(&s)).count();
-                ensure!(n <= 1, CASE, "shard {s} led by {n} instances at once");
-            }
-            if done(&led) {
-                return Ok(led);
-            }
-            ensure!(
-                Instant::now() < end,
-                CASE,
-                "{what} did not happen within {within:?}: {led:?}"
-            );
-            sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let start = |id: &str, store| sharded::start(id, store, &key, timing);
     let settle = timing.ttl * 3;
     let (a, a_led) = start("a", h.store().await.ctx(CASE, "connecting")?)?;
-    let first = until(&[&a], settle, "one instance leading every shard", |l| {
+    let first = sharded::until(&[&a], settle, "one instance leading every shard", |l| {
         l[0].len() == SHARDS as usize
     })
     .await?
     .remove(0);
     let (b, b_led) = start("b", h.store().await.ctx(CASE, "connecting")?)?;
-    let both = until(&[&a, &b], settle, "balancing 3/3", |l| {
+    let both = sharded::until(&[&a, &b], settle, "balancing 3/3", |l| {
         l[0].len() == 3 && l[1].len() == 3
     })
     .await?;
@@ -1260,7 +1208,7 @@ pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<
     drop(a_led);
     let left = Instant::now();
     a.shutdown().await;
-    let after = until(
+    let after = sharded::until(
         &[&b],
         timing.ttl,
         "b leading every shard after a left",
@@ -1285,6 +1233,88 @@ pub async fn sharded_balance_and_handover<H: Harness + ?Sized>(h: &H) -> Result<
     drop(b_led);
     b.shutdown().await;
     Ok(())
+}
+
+/// The instances of [`sharded_balance_and_handover`].
+mod sharded {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::{Instant, sleep};
+
+    use super::{ConformantStore, Context, Failure, fail};
+    use crate::{
+        FencingToken, HolderId, LeaseKey, ShardStore, ShardedElector, ShardedHandle, Term, Timing,
+    };
+
+    pub(super) const CASE: &str = "sharded_balance_and_handover";
+    pub(super) const SHARDS: u32 = 6;
+
+    /// The terms an instance leads now, by shard.
+    pub(super) type Led = Arc<Mutex<BTreeMap<u32, Term>>>;
+
+    /// Starts instance `id`, keeping each shard term it is handed until the term ends.
+    pub(super) fn start(
+        id: &str,
+        store: Arc<dyn ConformantStore>,
+        key: &LeaseKey,
+        timing: Timing,
+    ) -> Result<(ShardedHandle, Led), Failure> {
+        let store: Arc<dyn ShardStore> = store;
+        let handle = ShardedElector::builder(store, key.clone(), SHARDS)
+            .timing(timing)
+            .holder_id(HolderId::new(id).ctx(CASE, "holder id")?)
+            .build()
+            .ctx(CASE, "building a sharded elector")?
+            .spawn();
+        let led: Led = Arc::default();
+        let (terms, keep) = (handle.terms(), led.clone());
+        tokio::spawn(async move {
+            while let Ok(term) = terms.next().await {
+                let Some(shard) = term.shard() else { continue };
+                let cancel = term.cancellation_token();
+                keep.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(shard, term);
+                let keep = keep.clone();
+                tokio::spawn(async move {
+                    cancel.cancelled().await;
+                    keep.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&shard);
+                });
+            }
+        });
+        Ok((handle, led))
+    }
+
+    /// Waits until `done` holds for what each instance leads, checking every 20 ms that no
+    /// shard is led twice.
+    pub(super) async fn until(
+        handles: &[&ShardedHandle],
+        within: Duration,
+        what: &str,
+        done: impl Fn(&[BTreeMap<u32, FencingToken>]) -> bool,
+    ) -> Result<Vec<BTreeMap<u32, FencingToken>>, Failure> {
+        let end = Instant::now() + within;
+        loop {
+            let led: Vec<_> = handles.iter().map(|h| h.led()).collect();
+            for s in 0..SHARDS {
+                let n = led.iter().filter(|l| l.contains_key(&s)).count();
+                ensure!(n <= 1, CASE, "shard {s} led by {n} instances at once");
+            }
+            if done(&led) {
+                return Ok(led);
+            }
+            ensure!(
+                Instant::now() < end,
+                CASE,
+                "{what} did not happen within {within:?}: {led:?}"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// Runs every case in turn, in the order of the one case list (that of

@@ -1,30 +1,32 @@
 //! One round of a scenario: spawns candidate processes, each behind its own proxy, lets the
 //! driver inject the fault, shuts everything down, and checks the history. The
-//! [`Scenario`]s and the [`Summary`] of many rounds live beside it and are re-exported here.
+//! [`Scenario`]s, the [`RoundReport`] and [`Summary`] of many rounds, and the store's
+//! preparation live beside it and are re-exported here.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use leader_core::ObjectName;
 use nix::sys::signal::Signal;
-use serde::Serialize;
 
 use super::candidate::CandidateArgs;
 use super::checker::{FinalObject, check, check_without_object};
 use super::drive::{RoundContext, drive};
+use super::place::create_place;
 use super::process::{Proc, logs, wait_for};
 use super::restart::Instance;
 use super::{
     BackendKind, END_SIGTERM, EV_EXIT, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us,
-    open_store, open_store_patiently, write_value,
+    open_store, write_value,
 };
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
 
+pub use super::place::prepare;
 pub use super::scenario::{SLACK, Scenario};
-pub use super::summary::Summary;
+pub use super::summary::{RoundReport, Summary};
 
 /// Where and how a round runs.
 #[derive(Clone, Debug)]
@@ -37,75 +39,6 @@ pub struct DrillConfig {
     pub candidates: usize,
     /// Seeds the proxies' dice.
     pub seed: u64,
-}
-
-/// The outcome of one round.
-#[derive(Clone, Debug, Serialize)]
-pub struct RoundReport {
-    /// The backend.
-    pub backend: BackendKind,
-    /// The scenario.
-    pub scenario: Scenario,
-    /// Every violated invariant (empty: the round passed).
-    pub violations: Vec<String>,
-    /// Failover (kill, stop, partition), handover (sigterm) or recovery (stall) time.
-    pub measured_ms: Option<f64>,
-    /// Terms seen.
-    pub terms: usize,
-    /// Writes acknowledged.
-    pub accepted: usize,
-    /// Writes rejected for a stale token.
-    pub fenced: usize,
-    /// Writes failed or of unknown outcome.
-    pub failed: usize,
-    /// Step-downs while the fault was on (throttle: spurious ones).
-    pub step_downs: usize,
-    /// Terms that ended for a reason other than the drive's SIGTERM (in the whole round).
-    pub ended_unasked: usize,
-    /// Requests the proxies delivered late (applied after their sender gave up).
-    pub late_deliveries: u64,
-    /// The round's directory (logs).
-    pub dir: PathBuf,
-}
-
-/// Creates a fresh container, table or bucket (a folder `dir/store` for the file store) and
-/// returns (emulator URL, place).
-///
-/// # Errors
-/// A message if the emulator is not available or the place cannot be created.
-pub async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), String> {
-    let Some(emulator) = kind.emulator() else {
-        let store = dir.join("store");
-        std::fs::create_dir_all(&store).map_err(|e| format!("creating {store:?}: {e}"))?;
-        return Ok((store.display().to_string(), String::new()));
-    };
-    let endpoint = crate::endpoint(emulator)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{emulator} is not available"))?;
-    let place = crate::unique_name("chaos");
-    create_place(kind, &endpoint.url, &place).await?;
-    Ok((endpoint.url, place))
-}
-
-/// Creates `place` (container, table, bucket, or ZooKeeper's parent node; nothing for etcd's
-/// key prefix) in the store of `kind` at `url`, if missing.
-///
-/// # Errors
-/// A message if it cannot be created.
-pub(super) async fn create_place(kind: BackendKind, url: &str, place: &str) -> Result<(), String> {
-    match kind {
-        BackendKind::Gcs => crate::gcs::GcsClient::new(url)
-            .create_bucket(place)
-            .await
-            .map_err(|e| format!("creating bucket {place}: {e}"))?,
-        _ => {
-            open_store_patiently(kind, url, place, true)
-                .await
-                .map_err(|e| format!("creating {place}: {e}"))?;
-        }
-    }
-    Ok(())
 }
 
 /// The endpoint a candidate of `kind` uses for the store at `url`: through a fault proxy of

@@ -16,6 +16,8 @@ pub mod candidate;
 pub mod checker;
 pub mod drill;
 mod drive;
+mod measure;
+mod place;
 mod process;
 mod restart;
 mod scenario;

@@ -15,8 +15,8 @@ use std::time::Duration;
 use leader_core::backend::Stored;
 use leader_core::{LeaseKey, Timing};
 
-use super::drill::create_place;
-use super::drive::Measured;
+use super::measure::Measured;
+use super::place::create_place;
 use super::process::{Proc, logs, term_after, terms_started_while_cut_off, wait_for};
 use super::scenario::SLACK;
 use super::{

@@ -4,11 +4,42 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::Serialize;
+
 use super::BackendKind;
-use super::drill::RoundReport;
 use super::scenario::Scenario;
+
+/// The outcome of one round.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundReport {
+    /// The backend.
+    pub backend: BackendKind,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Every violated invariant (empty: the round passed).
+    pub violations: Vec<String>,
+    /// Failover (kill, stop, partition), handover (sigterm) or recovery (stall) time.
+    pub measured_ms: Option<f64>,
+    /// Terms seen.
+    pub terms: usize,
+    /// Writes acknowledged.
+    pub accepted: usize,
+    /// Writes rejected for a stale token.
+    pub fenced: usize,
+    /// Writes failed or of unknown outcome.
+    pub failed: usize,
+    /// Step-downs while the fault was on (throttle: spurious ones).
+    pub step_downs: usize,
+    /// Terms that ended for a reason other than the drive's SIGTERM (in the whole round).
+    pub ended_unasked: usize,
+    /// Requests the proxies delivered late (applied after their sender gave up).
+    pub late_deliveries: u64,
+    /// The round's directory (logs).
+    pub dir: PathBuf,
+}
 
 /// What a scenario's measured time is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -871,29 +871,7 @@ impl Driver {
     /// Rule 3: takes the candidate shards that are free, in one batch with one token
     /// reservation, and renews at once so that their terms can begin.
     async fn take(&mut self, m: &mut Membership, candidates: Vec<u32>) -> Result<(), Error> {
-        // 1. The shard records, read linearizably.
-        let mut found = Vec::with_capacity(candidates.len());
-        let started = Instant::now();
-        let budget = self.real(self.timing.renew_every) / 2;
-        for s in candidates {
-            // A slow store: take what was read so far; the rest waits for the next look.
-            if started.elapsed() > budget || !self.stay(m).await {
-                break;
-            }
-            let name = self.names.shard(s);
-            match self.get(&name, "reading a shard record").await {
-                Ok(None) => found.push((s, None)),
-                Ok(Some((bytes, revision))) => match ShardRecord::decode(&name, &bytes) {
-                    Ok(r) => found.push((s, Some((r, revision)))),
-                    Err(e) => warn!(error = %e, "not taking a shard whose record is damaged"),
-                },
-                Err(e) if is_permanent(&e) => return Err(e),
-                Err(e) => {
-                    debug!(shard = s, error = %e, "could not read a shard record");
-                    break;
-                }
-            }
-        }
+        let found = self.read_shards(m, candidates).await?;
         if m.over {
             return Ok(());
         }
@@ -981,6 +959,38 @@ impl Driver {
         // 4. Publish the new set at once; the terms begin when that renew succeeds.
         m.next_renew = m.next_renew.min(self.pending_renew());
         Ok(())
+    }
+
+    /// Rule 3.1: the candidates' shard records, read linearizably (`None`: absent), as many as
+    /// half a renew period allows; a damaged record is left out.
+    async fn read_shards(
+        &mut self,
+        m: &mut Membership,
+        candidates: Vec<u32>,
+    ) -> Result<Vec<(u32, Option<(ShardRecord, Revision)>)>, Error> {
+        let mut found = Vec::with_capacity(candidates.len());
+        let started = Instant::now();
+        let budget = self.real(self.timing.renew_every) / 2;
+        for s in candidates {
+            // A slow store: take what was read so far; the rest waits for the next look.
+            if started.elapsed() > budget || !self.stay(m).await {
+                break;
+            }
+            let name = self.names.shard(s);
+            match self.get(&name, "reading a shard record").await {
+                Ok(None) => found.push((s, None)),
+                Ok(Some((bytes, revision))) => match ShardRecord::decode(&name, &bytes) {
+                    Ok(r) => found.push((s, Some((r, revision)))),
+                    Err(e) => warn!(error = %e, "not taking a shard whose record is damaged"),
+                },
+                Err(e) if is_permanent(&e) => return Err(e),
+                Err(e) => {
+                    debug!(shard = s, error = %e, "could not read a shard record");
+                    break;
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Writes each shard record as held by us under our membership term, with `token` (or

@@ -63,24 +63,7 @@ pub(super) fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Run
         )
         .on_late(late_logger()),
     );
-    let drift = (rng.next_f64() * 2.0 - 1.0) * world.config.max_drift;
-    let rate = match world.config.negative {
-        NegativeControl::ExcessiveDrift if cand == 0 => 0.5,
-        _ => 1.0 + drift,
-    };
-    let mut timing = world.config.timing;
-    if world.config.negative == NegativeControl::LazyFollowers {
-        timing.poll_every = timing.ttl * 2;
-        timing.retry_every = timing.ttl * 2;
-    }
-    let elector = Elector::builder(process.clone(), LeaseKey::new("sim").ok()?)
-        .timing(timing)
-        .holder_id(HolderId::new(format!("cand-{cand}")).ok()?)
-        .jitter_seed(rng.next_u64())
-        .simulated_clock_rate(rate)
-        .build()
-        .ok()?;
-    let (handle, task) = elector.into_parts();
+    let (handle, task) = elector(world, cand, process.clone(), rng)?.into_parts();
     let granted = Arc::new(Notify::new());
     let observer = tokio::spawn(observe(
         world.clone(),
@@ -117,6 +100,28 @@ pub(super) fn start(world: &Arc<World>, cand: Cand, rng: &mut Rng) -> Option<Run
         observer,
         resign: resign_tx,
     })
+}
+
+/// The candidate's elector on its process's store, with a clock drawn within the drift (or
+/// the planted negative control's timing).
+fn elector(world: &World, cand: Cand, process: Arc<Process>, rng: &mut Rng) -> Option<Elector> {
+    let drift = (rng.next_f64() * 2.0 - 1.0) * world.config.max_drift;
+    let rate = match world.config.negative {
+        NegativeControl::ExcessiveDrift if cand == 0 => 0.5,
+        _ => 1.0 + drift,
+    };
+    let mut timing = world.config.timing;
+    if world.config.negative == NegativeControl::LazyFollowers {
+        timing.poll_every = timing.ttl * 2;
+        timing.retry_every = timing.ttl * 2;
+    }
+    Elector::builder(process, LeaseKey::new("sim").ok()?)
+        .timing(timing)
+        .holder_id(HolderId::new(format!("cand-{cand}")).ok()?)
+        .jitter_seed(rng.next_u64())
+        .simulated_clock_rate(rate)
+        .build()
+        .ok()
 }
 
 /// Records grants and revocations as the elector publishes them, and tells the worker of each

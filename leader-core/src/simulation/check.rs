@@ -244,6 +244,22 @@ pub fn liveness_bound(config: &SimConfig) -> Duration {
         + Duration::from_millis(50)
 }
 
+/// The gaps in the union of the intervals in which some candidate held a granted term.
+fn leaderless(events: &[Event], run_end: Duration) -> Vec<(Duration, Duration)> {
+    let mut gaps = Vec::new();
+    let mut covered_to = Duration::ZERO;
+    for s in &leader_spans(events, run_end) {
+        if s.start > covered_to {
+            gaps.push((covered_to, s.start));
+        }
+        covered_to = covered_to.max(s.end);
+    }
+    if covered_to < run_end {
+        gaps.push((covered_to, run_end));
+    }
+    gaps
+}
+
 /// Checker 4: liveness, judged on every gap without a leader.
 ///
 /// Definitions:
@@ -265,19 +281,7 @@ pub fn liveness_bound(config: &SimConfig) -> Duration {
 pub fn check_liveness(config: &SimConfig, events: &[Event]) -> (Vec<Gap>, Vec<Violation>) {
     let bound = liveness_bound(config);
     let run_end = config.duration;
-    // Gaps in the union of the intervals in which some candidate held a granted term.
-    let mut raw = Vec::new();
-    let mut covered_to = Duration::ZERO;
-    for s in &leader_spans(events, run_end) {
-        if s.start > covered_to {
-            raw.push((covered_to, s.start));
-        }
-        covered_to = covered_to.max(s.end);
-    }
-    if covered_to < run_end {
-        raw.push((covered_to, run_end));
-    }
-
+    let raw = leaderless(events, run_end);
     let mut store_faults: Vec<(Duration, Duration)> = Vec::new();
     let mut unable: BTreeMap<Cand, Vec<(Duration, Duration)>> = BTreeMap::new();
     let mut lives: BTreeMap<Cand, (Duration, Duration)> = BTreeMap::new();

@@ -423,6 +423,177 @@ fn healthy_faults(config: &SimConfig) -> Faults {
     }
 }
 
+/// Where an action aims: the leader (if any), the target (the leader, else anyone), and the
+/// simulated time.
+#[derive(Clone, Copy)]
+struct Aim {
+    leader: Option<Cand>,
+    target: Option<Cand>,
+    now: Duration,
+}
+
+/// Plays one action; for a crash, when to start a new candidate.
+async fn play(
+    world: &Arc<World>,
+    running: &mut BTreeMap<Cand, Running>,
+    rng: &mut Rng,
+    action: Action,
+    Aim {
+        leader,
+        target,
+        now,
+    }: Aim,
+) -> Option<Instant> {
+    match action {
+        Action::FreezeLeader(d) | Action::FreezeAnyone(d) => {
+            if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
+                freeze(world, cand, &r.gate, d, false);
+            }
+        }
+        Action::PauseLeaderInFlight(_)
+        | Action::PauseLeaderThenCut(..)
+        | Action::PauseFollowerInFlight(_) => pause(running, rng, action, leader, target),
+        Action::CrashLeader(restart_after) => {
+            if let Some(target) = target
+                && let Some(r) = running.remove(&target)
+            {
+                r.driver.abort();
+                r.worker.abort();
+                let _ = r.driver.await;
+                let _ = r.worker.await;
+                let _ = r.observer.await;
+                world.log(Event::Crashed {
+                    cand: target,
+                    at: now,
+                });
+                return Some(Instant::now() + restart_after);
+            }
+        }
+        Action::PartitionLeader(..) | Action::Outage(_) | Action::Storm(_) => {
+            disturb(world, running, action, target, now);
+        }
+        Action::ResignLeader => {
+            if let Some(r) = leader.and_then(|t| running.get(&t)) {
+                let _ = r.resign.try_send(());
+            }
+        }
+    }
+    None
+}
+
+/// A process paused with an answer in flight (the leader, perhaps then cut off; or a follower).
+fn pause(
+    running: &BTreeMap<Cand, Running>,
+    rng: &mut Rng,
+    action: Action,
+    leader: Option<Cand>,
+    target: Option<Cand>,
+) {
+    match action {
+        Action::PauseLeaderInFlight(d) => {
+            if let Some(r) = target.and_then(|t| running.get(&t))
+                && !r.gate.is_frozen()
+            {
+                r.process.arm(Pause {
+                    frozen: d,
+                    then_cut: None,
+                });
+            }
+        }
+        Action::PauseLeaderThenCut(d, cut) => {
+            if let Some(r) = leader.and_then(|t| running.get(&t))
+                && !r.gate.is_frozen()
+            {
+                r.process.arm(Pause {
+                    frozen: d,
+                    then_cut: Some(cut),
+                });
+            }
+        }
+        Action::PauseFollowerInFlight(d) => {
+            let followers: Vec<&Running> = running
+                .iter()
+                .filter(|(c, r)| Some(**c) != leader && !r.gate.is_frozen())
+                .map(|(_, r)| r)
+                .collect();
+            let i = rng.range_u64(0, followers.len().saturating_sub(1) as u64) as usize;
+            if let Some(r) = followers.get(i) {
+                r.process.arm(Pause {
+                    frozen: d,
+                    then_cut: None,
+                });
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A partition of the target, an outage of the store, or a storm of faults on it.
+fn disturb(
+    world: &Arc<World>,
+    running: &BTreeMap<Cand, Running>,
+    action: Action,
+    target: Option<Cand>,
+    now: Duration,
+) {
+    match action {
+        Action::PartitionLeader(d, hang) => {
+            if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
+                r.control.update(|f| {
+                    f.down = !hang;
+                    f.hang = hang;
+                });
+                world.log(Event::Partitioned {
+                    cand,
+                    at: now,
+                    until: now + d,
+                });
+                let control = r.control.clone();
+                tokio::spawn(async move {
+                    sleep(d).await;
+                    control.set(Faults::default());
+                });
+            }
+        }
+        Action::Outage(d) => {
+            world.global.update(|f| f.down = true);
+            world.log(Event::Outage {
+                at: now,
+                until: now + d,
+            });
+            let g = world.global.clone();
+            tokio::spawn(async move {
+                sleep(d).await;
+                g.update(|f| f.down = false);
+            });
+        }
+        Action::Storm(d) => {
+            world.global.update(|f| {
+                f.latency = Duration::from_millis(150);
+                f.fail_before = 0.15;
+                f.lose_response = 0.1;
+                f.late = world.config.late_writes * 2.0;
+            });
+            world.log(Event::Storm {
+                at: now,
+                until: now + d,
+            });
+            let g = world.global.clone();
+            let healthy = healthy_faults(&world.config);
+            tokio::spawn(async move {
+                sleep(d).await;
+                g.update(|f| {
+                    f.latency = healthy.latency;
+                    f.fail_before = healthy.fail_before;
+                    f.lose_response = healthy.lose_response;
+                    f.late = healthy.late;
+                });
+            });
+        }
+        _ => {}
+    }
+}
+
 async fn simulate(config: SimConfig) -> Vec<Event> {
     let mut rng = Rng::seeded(config.seed);
     let global = FaultControl::new();
@@ -482,120 +653,14 @@ async fn simulate(config: SimConfig) -> Vec<Event> {
         };
         let target = leader.or(any);
         let now = world.now();
-        match pick_action(&mut rng, ttl) {
-            Action::FreezeLeader(d) | Action::FreezeAnyone(d) => {
-                if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
-                    freeze(&world, cand, &r.gate, d, false);
-                }
-            }
-            Action::PauseLeaderInFlight(d) => {
-                if let Some(r) = target.and_then(|t| running.get(&t))
-                    && !r.gate.is_frozen()
-                {
-                    r.process.arm(Pause {
-                        frozen: d,
-                        then_cut: None,
-                    });
-                }
-            }
-            Action::PauseLeaderThenCut(d, cut) => {
-                if let Some(r) = leader.and_then(|t| running.get(&t))
-                    && !r.gate.is_frozen()
-                {
-                    r.process.arm(Pause {
-                        frozen: d,
-                        then_cut: Some(cut),
-                    });
-                }
-            }
-            Action::PauseFollowerInFlight(d) => {
-                let followers: Vec<&Running> = running
-                    .iter()
-                    .filter(|(c, r)| Some(**c) != leader && !r.gate.is_frozen())
-                    .map(|(_, r)| r)
-                    .collect();
-                let i = rng.range_u64(0, followers.len().saturating_sub(1) as u64) as usize;
-                if let Some(r) = followers.get(i) {
-                    r.process.arm(Pause {
-                        frozen: d,
-                        then_cut: None,
-                    });
-                }
-            }
-            Action::CrashLeader(restart_after) => {
-                if let Some(target) = target
-                    && let Some(r) = running.remove(&target)
-                {
-                    r.driver.abort();
-                    r.worker.abort();
-                    let _ = r.driver.await;
-                    let _ = r.worker.await;
-                    let _ = r.observer.await;
-                    world.log(Event::Crashed {
-                        cand: target,
-                        at: now,
-                    });
-                    restarts.push(Instant::now() + restart_after);
-                }
-            }
-            Action::PartitionLeader(d, hang) => {
-                if let Some((cand, r)) = target.and_then(|t| running.get(&t).map(|r| (t, r))) {
-                    r.control.update(|f| {
-                        f.down = !hang;
-                        f.hang = hang;
-                    });
-                    world.log(Event::Partitioned {
-                        cand,
-                        at: now,
-                        until: now + d,
-                    });
-                    let control = r.control.clone();
-                    tokio::spawn(async move {
-                        sleep(d).await;
-                        control.set(Faults::default());
-                    });
-                }
-            }
-            Action::Outage(d) => {
-                global.update(|f| f.down = true);
-                world.log(Event::Outage {
-                    at: now,
-                    until: now + d,
-                });
-                let g = global.clone();
-                tokio::spawn(async move {
-                    sleep(d).await;
-                    g.update(|f| f.down = false);
-                });
-            }
-            Action::Storm(d) => {
-                global.update(|f| {
-                    f.latency = Duration::from_millis(150);
-                    f.fail_before = 0.15;
-                    f.lose_response = 0.1;
-                    f.late = config.late_writes * 2.0;
-                });
-                world.log(Event::Storm {
-                    at: now,
-                    until: now + d,
-                });
-                let g = global.clone();
-                let healthy = healthy_faults(&config);
-                tokio::spawn(async move {
-                    sleep(d).await;
-                    g.update(|f| {
-                        f.latency = healthy.latency;
-                        f.fail_before = healthy.fail_before;
-                        f.lose_response = healthy.lose_response;
-                        f.late = healthy.late;
-                    });
-                });
-            }
-            Action::ResignLeader => {
-                if let Some(r) = leader.and_then(|t| running.get(&t)) {
-                    let _ = r.resign.try_send(());
-                }
-            }
+        let action = pick_action(&mut rng, ttl);
+        let at = Aim {
+            leader,
+            target,
+            now,
+        };
+        if let Some(restart) = play(&world, &mut running, &mut rng, action, at).await {
+            restarts.push(restart);
         }
     }
     sleep_until(end).await;

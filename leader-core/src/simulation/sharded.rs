@@ -551,7 +551,6 @@ fn start(world: &Arc<World>, inst: Inst, id: &str, rng: &mut Rng) -> Option<Runn
 }
 
 async fn simulate(config: ShardSimConfig) -> Vec<ShardEvent> {
-    let mut rng = Rng::seeded(config.seed);
     let global = FaultControl::new();
     global.set(healthy(&config));
     let world = Arc::new(World {
@@ -563,231 +562,296 @@ async fn simulate(config: ShardSimConfig) -> Vec<ShardEvent> {
             history: Arc::default(),
             rng: Arc::new(Mutex::new(Rng::seeded(config.seed ^ 0x1a99))),
         },
-        global: global.clone(),
+        global,
         gates: (0..config.shards).map(|_| FenceGate::new()).collect(),
         config: config.clone(),
     });
-    let ttl = config.timing.ttl;
-    let mut running: BTreeMap<Inst, Running> = BTreeMap::new();
-    let mut next = 0;
+    let mut fleet = Fleet {
+        rng: Rng::seeded(config.seed),
+        ttl: config.timing.ttl,
+        world: world.clone(),
+        running: BTreeMap::new(),
+        next: 0,
+        restarts: Vec::new(),
+        left: Duration::ZERO,
+    };
     for _ in 0..config.instances {
-        if let Some(r) = start(&world, next, &format!("i{next}"), &mut rng) {
-            running.insert(next, r);
-        }
-        next += 1;
-        sleep(rng.duration(Duration::ZERO, Duration::from_millis(200))).await;
+        let id = format!("i{}", fleet.next);
+        fleet.start(&id);
+        let pause = fleet
+            .rng
+            .duration(Duration::ZERO, Duration::from_millis(200));
+        sleep(pause).await;
     }
     let end = world.start + config.duration;
     let quiet = end
         .checked_sub(settle_bound(&config))
         .unwrap_or(world.start);
-    let mut restarts: Vec<(Instant, String)> = Vec::new();
-    let mut next_action = Instant::now() + rng.duration(ttl, ttl * 3);
+    let ttl = fleet.ttl;
+    let mut next_action = Instant::now() + fleet.rng.duration(ttl, ttl * 3);
     loop {
-        restarts.sort();
-        let wake = restarts
+        fleet.restarts.sort();
+        let wake = fleet
+            .restarts
             .first()
             .map_or(next_action, |(t, _)| (*t).min(next_action));
         if wake >= quiet {
             break;
         }
         sleep_until(wake).await;
-        if restarts.first().is_some_and(|(t, _)| *t <= Instant::now()) {
-            let (_, id) = restarts.remove(0);
-            if let Some(r) = start(&world, next, &id, &mut rng) {
-                running.insert(next, r);
-            }
-            next += 1;
+        if fleet
+            .restarts
+            .first()
+            .is_some_and(|(t, _)| *t <= Instant::now())
+        {
+            let (_, id) = fleet.restarts.remove(0);
+            fleet.start(&id);
             continue;
         }
-        next_action = Instant::now() + rng.duration(ttl, ttl * 3);
-        let keys: Vec<Inst> = running.keys().copied().collect();
-        let target = keys
-            .get(rng.range_u64(0, keys.len().saturating_sub(1) as u64) as usize)
-            .copied();
-        let now = world.now();
+        next_action = Instant::now() + fleet.rng.duration(ttl, ttl * 3);
         // Every fault ends before the quiet stretch at the end.
-        let left = quiet.saturating_duration_since(Instant::now());
-        let d = |rng: &mut Rng, lo: f64, hi: f64| {
-            rng.duration(ttl.mul_f64(lo), ttl.mul_f64(hi)).min(left)
-        };
-        match rng.range_u64(0, 11) {
-            // Crash, restarting under the same id or a new one.
-            0 | 1 => {
-                if let Some(t) = target
-                    && running.len() > 1
-                    && let Some(mut r) = running.remove(&t)
-                {
-                    for task in r.tasks.drain(..) {
-                        task.abort();
-                        let _ = task.await;
-                    }
-                    drop(r.handle.take());
-                    world.log(ShardEvent::Crashed { inst: t, at: now });
-                    let id = if rng.chance(0.5) {
-                        r.id.clone()
-                    } else {
-                        format!("i{}", 1000 + next)
-                    };
-                    restarts.push((Instant::now() + d(&mut rng, 0.1, 1.5), id));
-                }
-            }
-            2 | 3 => {
-                if let Some(r) = target.and_then(|t| running.get(&t)) {
-                    let frozen = d(&mut rng, 0.3, 3.0);
-                    if let Some(generation) = r.gate.freeze() {
-                        world.log(ShardEvent::Frozen {
-                            inst: target.unwrap_or(0),
-                            at: now,
-                            until: now + frozen,
-                        });
-                        let gate = r.gate.clone();
-                        tokio::spawn(async move {
-                            sleep(frozen).await;
-                            gate.thaw(generation);
-                        });
-                    }
-                }
-            }
-            4 => {
-                if let Some(r) = target.and_then(|t| running.get(&t)) {
-                    let cut = d(&mut rng, 0.3, 2.0);
-                    let hang = rng.chance(0.5);
-                    r.control.update(|f| {
-                        f.down = !hang;
-                        f.hang = hang;
-                    });
-                    world.log(ShardEvent::Partitioned {
-                        inst: target.unwrap_or(0),
-                        at: now,
-                        until: now + cut,
-                    });
-                    let control = r.control.clone();
-                    tokio::spawn(async move {
-                        sleep(cut).await;
-                        control.set(Faults::default());
-                    });
-                }
-            }
-            5 => {
-                let out = d(&mut rng, 0.2, 1.5);
-                global.update(|f| f.down = true);
-                world.log(ShardEvent::Outage {
-                    at: now,
-                    until: now + out,
-                });
-                let g = global.clone();
-                tokio::spawn(async move {
-                    sleep(out).await;
-                    g.update(|f| f.down = false);
-                });
-            }
-            6 => {
-                let storm = d(&mut rng, 0.5, 2.0);
-                global.update(|f| {
-                    f.latency = Duration::from_millis(150);
-                    f.fail_before = 0.15;
-                    f.lose_response = 0.1;
-                    f.late = config.late_writes * 2.0;
-                });
-                world.log(ShardEvent::Storm {
-                    at: now,
-                    until: now + storm,
-                });
-                let g = global.clone();
-                let h = healthy(&config);
-                tokio::spawn(async move {
-                    sleep(storm).await;
-                    g.set(h);
-                });
-            }
-            // A graceful leave; a new instance joins later.
-            7 => {
-                if let Some(t) = target
-                    && running.len() > 1
-                    && let Some(mut r) = running.remove(&t)
-                {
-                    world.log(ShardEvent::Left { inst: t, at: now });
-                    if let Some(h) = r.handle.take() {
-                        // Bounded: a frozen or cut instance cannot finish its leave.
-                        let _ = tokio::time::timeout(ttl * 2, h.shutdown()).await;
-                    }
-                    for task in r.tasks.drain(..) {
-                        task.abort();
-                        let _ = task.await;
-                    }
-                    restarts.push((
-                        Instant::now() + d(&mut rng, 0.5, 2.0),
-                        format!("i{}", 2000 + next),
-                    ));
-                }
-            }
-            8 => {
-                let id = format!("i{}", 3000 + next);
-                if let Some(r) = start(&world, next, &id, &mut rng) {
-                    running.insert(next, r);
-                }
-                next += 1;
-            }
-            // The operator deletes a record: a shard's, the token mark, or a member's.
-            _ => {
-                let which = rng.range_u64(0, 3);
-                let name = match which {
-                    0 => format!("sim.s.{}", rng.range_u64(0, u64::from(config.shards) - 1)),
-                    1 => "sim.tokens".to_owned(),
-                    2 => "sim.roster".to_owned(),
-                    _ => String::new(),
-                };
-                if name == "sim.tokens"
-                    && let Ok(key) = LeaseKey::new(&name)
-                {
-                    world.store.store.delete(&key);
-                    world.store.record(&key, None);
-                    world.log(ShardEvent::Deleted { name, at: now });
-                } else if let Ok(object) = ObjectName::new(&name) {
-                    world.store.store.delete_object(&object);
-                    world.log(ShardEvent::Deleted { name, at: now });
-                } else if let Some(r) = target.and_then(|t| running.get(&t)) {
-                    let key = LeaseKey::new("sim").ok().and_then(|k| {
-                        let names = crate::shard::records::Names::new(&k).ok()?;
-                        Some(names.member(&HolderId::new(&r.id).ok()?))
-                    });
-                    if let Some(key) = key {
-                        world.store.store.delete(&key);
-                        world.store.record(&key, None);
-                        world.log(ShardEvent::Deleted {
-                            name: key.to_string(),
-                            at: now,
-                        });
-                    }
-                }
-            }
-        }
+        fleet.left = quiet.saturating_duration_since(Instant::now());
+        fleet.act().await;
     }
     sleep_until(end).await;
-    // Members only: a second process with the id of a running one waits, as it should.
-    let counts: Vec<usize> = running
-        .values()
-        .filter_map(|r| r.handle.as_ref())
-        .filter(|h| h.assignment().borrow().member)
-        .map(|h| h.led().len())
-        .collect();
-    let mut led: Vec<u32> = running
-        .values()
-        .filter_map(|r| r.handle.as_ref())
-        .flat_map(|h| h.led().into_keys())
-        .collect();
-    led.sort_unstable();
-    led.dedup();
-    world.log(ShardEvent::Final {
-        counts,
-        led: led.len(),
-    });
-    for mut r in running.into_values() {
+    fleet.finish().await;
+    lock(&world.events).clone()
+}
+
+/// The instances of one run, and the faults played on them.
+struct Fleet {
+    rng: Rng,
+    ttl: Duration,
+    world: Arc<World>,
+    running: BTreeMap<Inst, Running>,
+    /// The number of the next instance to start.
+    next: Inst,
+    /// Instances to start (an id) at an instant.
+    restarts: Vec<(Instant, String)>,
+    /// How long until the quiet stretch at the end: every fault ends before it.
+    left: Duration,
+}
+
+impl Fleet {
+    fn start(&mut self, id: &str) {
+        if let Some(r) = start(&self.world, self.next, id, &mut self.rng) {
+            self.running.insert(self.next, r);
+        }
+        self.next += 1;
+    }
+
+    /// A duration of `lo` to `hi` ttls, ending before the quiet stretch.
+    fn span(&mut self, lo: f64, hi: f64) -> Duration {
+        let ttl = self.ttl;
+        self.rng
+            .duration(ttl.mul_f64(lo), ttl.mul_f64(hi))
+            .min(self.left)
+    }
+
+    /// One fault, or a join or leave, on a random instance.
+    async fn act(&mut self) {
+        let keys: Vec<Inst> = self.running.keys().copied().collect();
+        let target = keys
+            .get(self.rng.range_u64(0, keys.len().saturating_sub(1) as u64) as usize)
+            .copied();
+        let now = self.world.now();
+        match self.rng.range_u64(0, 11) {
+            0 | 1 => self.crash(target, now).await,
+            2 | 3 => self.freeze(target, now),
+            4 => self.partition(target, now),
+            5 => self.outage(now),
+            6 => self.storm(now),
+            7 => self.leave(target, now).await,
+            8 => {
+                let id = format!("i{}", 3000 + self.next);
+                self.start(&id);
+            }
+            _ => self.delete_record(target, now),
+        }
+    }
+
+    /// A crash, restarting later under the same id or a new one.
+    async fn crash(&mut self, target: Option<Inst>, now: Duration) {
+        let Some(t) = target.filter(|_| self.running.len() > 1) else {
+            return;
+        };
+        let Some(mut r) = self.running.remove(&t) else {
+            return;
+        };
         for task in r.tasks.drain(..) {
             task.abort();
             let _ = task.await;
         }
+        drop(r.handle.take());
+        self.world.log(ShardEvent::Crashed { inst: t, at: now });
+        let id = if self.rng.chance(0.5) {
+            r.id.clone()
+        } else {
+            format!("i{}", 1000 + self.next)
+        };
+        let at = Instant::now() + self.span(0.1, 1.5);
+        self.restarts.push((at, id));
     }
-    lock(&world.events).clone()
+
+    fn freeze(&mut self, target: Option<Inst>, now: Duration) {
+        if target.and_then(|t| self.running.get(&t)).is_none() {
+            return;
+        }
+        let frozen = self.span(0.3, 3.0);
+        let Some(r) = target.and_then(|t| self.running.get(&t)) else {
+            return;
+        };
+        if let Some(generation) = r.gate.freeze() {
+            self.world.log(ShardEvent::Frozen {
+                inst: target.unwrap_or(0),
+                at: now,
+                until: now + frozen,
+            });
+            let gate = r.gate.clone();
+            tokio::spawn(async move {
+                sleep(frozen).await;
+                gate.thaw(generation);
+            });
+        }
+    }
+
+    fn partition(&mut self, target: Option<Inst>, now: Duration) {
+        if target.and_then(|t| self.running.get(&t)).is_none() {
+            return;
+        }
+        let cut = self.span(0.3, 2.0);
+        let hang = self.rng.chance(0.5);
+        let Some(r) = target.and_then(|t| self.running.get(&t)) else {
+            return;
+        };
+        r.control.update(|f| {
+            f.down = !hang;
+            f.hang = hang;
+        });
+        self.world.log(ShardEvent::Partitioned {
+            inst: target.unwrap_or(0),
+            at: now,
+            until: now + cut,
+        });
+        let control = r.control.clone();
+        tokio::spawn(async move {
+            sleep(cut).await;
+            control.set(Faults::default());
+        });
+    }
+
+    fn outage(&mut self, now: Duration) {
+        let out = self.span(0.2, 1.5);
+        let global = self.world.global.clone();
+        global.update(|f| f.down = true);
+        self.world.log(ShardEvent::Outage {
+            at: now,
+            until: now + out,
+        });
+        tokio::spawn(async move {
+            sleep(out).await;
+            global.update(|f| f.down = false);
+        });
+    }
+
+    fn storm(&mut self, now: Duration) {
+        let storm = self.span(0.5, 2.0);
+        let config = &self.world.config;
+        let late = config.late_writes * 2.0;
+        let global = self.world.global.clone();
+        global.update(|f| {
+            f.latency = Duration::from_millis(150);
+            f.fail_before = 0.15;
+            f.lose_response = 0.1;
+            f.late = late;
+        });
+        self.world.log(ShardEvent::Storm {
+            at: now,
+            until: now + storm,
+        });
+        let healthy = healthy(config);
+        tokio::spawn(async move {
+            sleep(storm).await;
+            global.set(healthy);
+        });
+    }
+
+    /// A graceful leave; a new instance joins later.
+    async fn leave(&mut self, target: Option<Inst>, now: Duration) {
+        let Some(t) = target.filter(|_| self.running.len() > 1) else {
+            return;
+        };
+        let Some(mut r) = self.running.remove(&t) else {
+            return;
+        };
+        self.world.log(ShardEvent::Left { inst: t, at: now });
+        if let Some(h) = r.handle.take() {
+            // Bounded: a frozen or cut instance cannot finish its leave.
+            let _ = tokio::time::timeout(self.ttl * 2, h.shutdown()).await;
+        }
+        for task in r.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+        let at = Instant::now() + self.span(0.5, 2.0);
+        self.restarts.push((at, format!("i{}", 2000 + self.next)));
+    }
+
+    /// The operator deletes a record: a shard's, the token mark, the roster, or a member's.
+    fn delete_record(&mut self, target: Option<Inst>, now: Duration) {
+        let world = &self.world;
+        let shards = u64::from(world.config.shards);
+        let name = match self.rng.range_u64(0, 3) {
+            0 => format!("sim.s.{}", self.rng.range_u64(0, shards - 1)),
+            1 => "sim.tokens".to_owned(),
+            2 => "sim.roster".to_owned(),
+            _ => String::new(),
+        };
+        if name == "sim.tokens"
+            && let Ok(key) = LeaseKey::new(&name)
+        {
+            world.store.store.delete(&key);
+            world.store.record(&key, None);
+            world.log(ShardEvent::Deleted { name, at: now });
+        } else if let Ok(object) = ObjectName::new(&name) {
+            world.store.store.delete_object(&object);
+            world.log(ShardEvent::Deleted { name, at: now });
+        } else if let Some(r) = target.and_then(|t| self.running.get(&t)) {
+            let key = LeaseKey::new("sim").ok().and_then(|k| {
+                let names = crate::shard::records::Names::new(&k).ok()?;
+                Some(names.member(&HolderId::new(&r.id).ok()?))
+            });
+            if let Some(key) = key {
+                world.store.store.delete(&key);
+                world.store.record(&key, None);
+                world.log(ShardEvent::Deleted {
+                    name: key.to_string(),
+                    at: now,
+                });
+            }
+        }
+    }
+
+    /// Logs what the members lead at the end, and stops every instance.
+    async fn finish(self) {
+        // Members only: a second process with the id of a running one waits, as it should.
+        let handles = || self.running.values().filter_map(|r| r.handle.as_ref());
+        let counts: Vec<usize> = handles()
+            .filter(|h| h.assignment().borrow().member)
+            .map(|h| h.led().len())
+            .collect();
+        let mut led: Vec<u32> = handles().flat_map(|h| h.led().into_keys()).collect();
+        led.sort_unstable();
+        led.dedup();
+        self.world.log(ShardEvent::Final {
+            counts,
+            led: led.len(),
+        });
+        for mut r in self.running.into_values() {
+            for task in r.tasks.drain(..) {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
 }
