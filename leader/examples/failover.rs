@@ -2,7 +2,7 @@
 //! with SIGKILL; another takes over with a higher fencing token.
 //!
 //! ```text
-//! cargo run -p leader-core --example failover
+//! cargo run -p leader --example failover
 //! ```
 //!
 //! The same binary plays the supervisor (no arguments) and the candidates (`candidate DIR
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use leader_core::{Elector, FencedStore, FileStore, HolderId, LeaseKey, ObjectName};
+use leader::{Elector, FencedStore, FileStore, HolderId, LeaseKey, ObjectName};
 
 const TTL: Duration = Duration::from_secs(2);
 

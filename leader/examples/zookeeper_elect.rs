@@ -1,8 +1,8 @@
-//! Campaigns for a key on the etcd cluster of `LEADER_ETCD_ENDPOINTS`, leads for a few
+//! Campaigns for a key on the ZooKeeper ensemble of `LEADER_ZOOKEEPER_HOSTS`, leads for a few
 //! seconds with a fenced write, and releases:
 //!
 //! ```sh
-//! LEADER_ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p leader-etcd --example etcd_elect
+//! LEADER_ZOOKEEPER_HOSTS=127.0.0.1:2181 cargo run -p leader --example zookeeper_elect
 //! ```
 //!
 //! Run two at once to see one wait and take over when the other releases.
@@ -11,12 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{Elector, FencedStore, LeaseKey, ObjectName};
-use leader_etcd::EtcdBuilder;
+use leader::zookeeper::ZooKeeperBuilder;
+use leader::{Elector, FencedStore, LeaseKey, ObjectName};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = EtcdBuilder::from_env()?.build().await?;
+    let store = ZooKeeperBuilder::from_env()?
+        .with_create_path(true)
+        .build()
+        .await?;
     let handle = Elector::builder(Arc::new(store.clone()), LeaseKey::new("example")?)
         .ttl(Duration::from_secs(5))
         .build()?
