@@ -195,13 +195,17 @@ impl Term {
     }
 
     /// The renews of this term from now on, each as the deadline it gives: for work that
-    /// passes the deadline on (to a child process, say) without polling [`deadline`](Self::deadline).
+    /// passes the deadline on (to a child process, say) without polling
+    /// [`deadline`](Self::deadline). Take it *before* reading the deadline to pass on first,
+    /// so that a renew in between is not missed (it is then also reported by the stream,
+    /// which does no harm).
     pub fn renewals(&self) -> Renewals {
         let mut deadline = self.deadline.clone();
         deadline.borrow_and_update();
         Renewals {
             deadline,
             cancel: self.cancel.clone(),
+            tick: self.tick,
         }
     }
 }
@@ -211,19 +215,29 @@ impl Term {
 pub struct Renewals {
     deadline: watch::Receiver<TermDeadline>,
     cancel: CancellationToken,
+    /// As [`Term`]'s: how often to look at the deadline itself, if at all.
+    tick: Option<Duration>,
 }
 
 impl Renewals {
     /// Waits for the next successful renew of the term and returns the deadline it gives
-    /// (earlier by a host suspend since it was sent); `None` once no renew can come (the term
-    /// has ended).
+    /// (earlier by a host suspend since it was sent); `None` once no renew can come: the term
+    /// has ended (cancelled, or its deadline reached on the local clock, as
+    /// [`Term::cancelled`] sees it).
     ///
     /// # Cancel safety
     /// Cancel-safe: a renew that happens meanwhile is returned by the next call.
     pub async fn next(&mut self) -> Option<Instant> {
+        let deadline = self.deadline.clone();
+        let over = async {
+            match self.tick {
+                Some(tick) => term_over(&self.cancel, &deadline, tick).await,
+                None => self.cancel.cancelled().await,
+            }
+        };
         tokio::select! {
             biased;
-            () = self.cancel.cancelled() => None,
+            () = over => None,
             changed = self.deadline.changed() => match changed {
                 Ok(()) => Some(self.deadline.borrow_and_update().effective()),
                 Err(_) => None,

@@ -759,3 +759,71 @@ async fn the_deadline_counts_from_the_send_time_not_the_answer() {
     assert!(writes.len() >= 3, "{writes:?}");
     assert_eq!(term.deadline(), last + TTL - Duration::from_secs(3));
 }
+
+/// `Term::renewals` reports each renew with the deadline it gives, also a renew made before
+/// `next` is polled (the supervisor of `leader run` takes the stream, then reads the deadline
+/// it starts with, then waits), and ends by the term's deadline on the local clock when no
+/// renew comes, even though the elector's own task never said so.
+#[tokio::test(start_paused = true)]
+async fn renewals_report_each_renew_and_end_by_the_deadline() {
+    let control = FaultControl::new();
+    let store = Arc::new(FaultyStore::new(
+        MemoryStore::new(),
+        1,
+        vec![control.clone()],
+    ));
+    let a = elector(store, "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let start = Instant::now();
+    let mut renewals = term.renewals();
+    let first = term.deadline();
+    // The renew at 7.5 s happens while nobody waits on the stream: it is not lost.
+    sleep(Duration::from_secs(8)).await;
+    let renewed = timeout(Duration::ZERO, renewals.next())
+        .await
+        .expect("the renew made before `next` was called is reported at once")
+        .expect("the term goes on");
+    assert_eq!(renewed, term.deadline());
+    assert_eq!(renewed, first + Duration::from_millis(7_500));
+    // The next one when it happens, at 15 s.
+    let second = renewals.next().await.unwrap();
+    assert_eq!(Instant::now() - start, Duration::from_secs(15));
+    assert_eq!(second, renewed + Duration::from_millis(7_500));
+    // Then the store hangs: no renew, and the stream ends at the deadline.
+    control.update(|f: &mut Faults| f.hang = true);
+    assert_eq!(renewals.next().await, None);
+    assert_eq!(Instant::now(), second);
+    assert!(!term.is_valid());
+}
+
+/// `Term::run_until_over` gives the work's output if it finishes within the term, and drops
+/// the work (`None`) at the term's end if it does not.
+#[tokio::test(start_paused = true)]
+async fn run_until_over_stops_the_work_when_the_term_ends() {
+    let control = FaultControl::new();
+    let store = Arc::new(FaultyStore::new(
+        MemoryStore::new(),
+        1,
+        vec![control.clone()],
+    ));
+    let a = elector(store, "a").spawn();
+    let term = a.wait_for_term().await.unwrap();
+    let quick = term.run_until_over(async {
+        sleep(Duration::from_secs(1)).await;
+        7
+    });
+    assert_eq!(quick.await, Some(7));
+    control.update(|f: &mut Faults| f.hang = true);
+    let deadline = term.deadline();
+    let endless = term.run_until_over(std::future::pending::<()>());
+    assert_eq!(
+        timeout(TTL * 2, endless).await,
+        Ok(None),
+        "the work ends with the term"
+    );
+    assert_eq!(
+        Instant::now(),
+        deadline,
+        "stopped at the deadline, not later"
+    );
+}

@@ -539,3 +539,28 @@ async fn where_the_store_expires_leases_an_expired_member_shards_move_at_once() 
         "took {took:?} after the expiry"
     );
 }
+
+/// A shard's term tells of each membership renew through `renewals`, as a single key's does,
+/// and is a `Term` that names its shard.
+#[tokio::test(start_paused = true)]
+async fn a_shard_term_reports_each_membership_renew() {
+    let store = Arc::new(MemoryStore::new());
+    let handle = ShardedElector::builder(store, LeaseKey::new("queues").unwrap(), 2)
+        .ttl(TTL)
+        .holder_id(HolderId::new("a").unwrap())
+        .jitter_seed(1)
+        .build()
+        .unwrap()
+        .spawn();
+    let term: Term = handle.next_term().await.unwrap();
+    assert!(term.shard().is_some_and(|s| s < 2), "{:?}", term.shard());
+    let mut renewals = term.renewals();
+    let before = term.deadline();
+    let renewed = renewals.next().await.unwrap();
+    assert!(renewed > before, "{renewed:?} after {before:?}");
+    assert_eq!(renewed, term.deadline());
+    let again = renewals.next().await.unwrap();
+    assert!(again > renewed);
+    drop(term);
+    handle.shutdown().await;
+}

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use leader::{HolderId, LeaseKey, Term, Timing};
+use leader::{HolderId, LeaseKey, Renewals, Term, Timing};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
@@ -77,8 +77,10 @@ pub(crate) async fn supervise(
     term: &Term,
     inbox: &mut Inbox<'_>,
 ) -> Result<Outcome, Exit> {
+    // Before the deadline given at the start is read: a renew in between is passed on.
+    let renewals = term.renewals();
     let mut run = Run::start(ctx, term)?;
-    run.watch(ctx, term, inbox).await;
+    run.watch(ctx, term, renewals, inbox).await;
     run.finish().await
 }
 
@@ -154,8 +156,13 @@ impl Run {
     }
 
     /// Passes on signals, renews and the end of the term until the supervisor exits.
-    async fn watch(&mut self, ctx: &Ctx, term: &Term, inbox: &mut Inbox<'_>) {
-        let mut renewals = term.renewals();
+    async fn watch(
+        &mut self,
+        ctx: &Ctx,
+        term: &Term,
+        mut renewals: Renewals,
+        inbox: &mut Inbox<'_>,
+    ) {
         let backstop_after = ctx.timing.margin / 2;
         loop {
             // The supervisor enforces the deadline and the grace period; if it does not

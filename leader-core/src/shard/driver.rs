@@ -1307,8 +1307,9 @@ impl Driver {
         self.reapers.get_mut(owner)
     }
 
-    /// Whether the simulation planted `flaw` in this instance. Always false without the
-    /// `simulation` feature, so that the flawed branches are not even compiled in.
+    /// Whether the simulation planted `flaw` in this instance. A constant false without the
+    /// `simulation` feature (no flaw can be planted then), so the optimiser drops the flawed
+    /// branches.
     fn planted(&self, flaw: ShardFlaw) -> bool {
         cfg!(feature = "simulation") && self.flaw == flaw
     }

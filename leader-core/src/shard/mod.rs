@@ -69,7 +69,7 @@ pub struct Assignment {
 
 /// A deliberate flaw in the sharded protocol, for the simulation's negative controls
 /// (`leader_core::simulation::ShardFlaw`, feature `simulation`; without it no flaw can be
-/// planted, and the flawed branches are compiled out).
+/// planted, and the flawed branches are dead code the optimiser drops).
 #[cfg_attr(not(feature = "simulation"), allow(dead_code, unreachable_pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ShardFlaw {
