@@ -13,8 +13,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use leader_core::simulation::ShardFlaw;
-use leader_core::simulation::{ShardSimConfig, run_sharded};
+use leader_core::simulation::{ShardFlaw, ShardSimConfig, run_sharded};
 
 fn flaw(name: &str) -> Option<ShardFlaw> {
     Some(match name {
@@ -23,8 +22,26 @@ fn flaw(name: &str) -> Option<ShardFlaw> {
         "ignore-claims" => ShardFlaw::IgnoreClaims,
         "no-reservation" => ShardFlaw::NoReservation,
         "owner-by-id" => ShardFlaw::OwnerById,
+        "no-claims-recheck" => ShardFlaw::NoClaimsRecheck,
+        "prune-by-id" => ShardFlaw::PruneById,
+        "no-unclaimed-net" => ShardFlaw::NoUnclaimedNet,
+        "observer-ttl" => ShardFlaw::ObserverTtl,
+        "trust-the-plan" => ShardFlaw::TrustThePlan,
+        "claims-for-absent-only" => ShardFlaw::ClaimsForAbsentOnly,
         _ => return None,
     })
+}
+
+/// Log lines stamped with the simulated time since the first line (the run's paused clock).
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+        let now = tokio::time::Instant::now();
+        let start = *START.get_or_init(|| now);
+        write!(w, "{:>9.3}", (now - start).as_secs_f64())
+    }
 }
 
 fn main() -> ExitCode {
@@ -59,7 +76,9 @@ fn main() -> ExitCode {
             "--flaw" => {
                 let Some(f) = flaw(&value) else {
                     eprintln!(
-                        "unknown flaw {value}: none|lagging-owner-read|ignore-claims|no-reservation|owner-by-id"
+                        "unknown flaw {value}: none|lagging-owner-read|ignore-claims|no-reservation|\
+                         owner-by-id|no-claims-recheck|prune-by-id|no-unclaimed-net|observer-ttl|\
+                         trust-the-plan|claims-for-absent-only"
                     );
                     return ExitCode::from(64);
                 };
@@ -78,7 +97,8 @@ fn main() -> ExitCode {
     if verbose && std::env::var_os("SIM_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(std::env::var("SIM_LOG").unwrap_or_default())
-            .without_time()
+            .with_timer(SimTime)
+            .with_ansi(false)
             .init();
     }
     let next = Arc::new(AtomicU64::new(first));

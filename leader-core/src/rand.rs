@@ -9,12 +9,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// SplitMix64's increment: the odd constant nearest `2^64 / phi`.
-pub(crate) const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's finalizer: a bijection of `u64` that spreads every input bit over the output.
-/// The generator below applies it to its counter; the sharded elector's rendezvous hashing
-/// applies it to an instance's hash and a shard.
-pub(crate) fn mix(mut z: u64) -> u64 {
+fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

@@ -294,7 +294,8 @@ async fn writes_per_hour_grow_with_instances_not_shards() {
         a.shutdown().await;
         b.shutdown().await;
     }
-    // Two instances, one renew each per renew_every: the same for 10 shards as for 1,000.
+    // Two instances, one renew each per renew_every, and the coordinator's renew of its
+    // lease: the same for 10 shards as for 1,000.
     assert_eq!(per_hour[0], per_hour[1], "{per_hour:?}");
     let renew_every = ShardedElector::builder(Arc::new(MemoryStore::new()), key(), 1)
         .ttl(TTL)
@@ -302,11 +303,113 @@ async fn writes_per_hour_grow_with_instances_not_shards() {
         .unwrap()
         .timing()
         .renew_every;
-    let expected = (2.0 * 3600.0 / renew_every.as_secs_f64()) as u64;
+    let expected = (3.0 * 3600.0 / renew_every.as_secs_f64()) as u64;
     assert!(
         per_hour[0].abs_diff(expected) <= 2,
         "{per_hour:?}, expected {expected}"
     );
+}
+
+/// The memory store as one instance reaches it, counting its reads of every kind.
+#[derive(Debug)]
+struct CountingReads {
+    store: MemoryStore,
+    reads: AtomicU64,
+}
+
+#[async_trait]
+impl LeaseBackend for CountingReads {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for CountingReads {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.store.put_fenced_if(put).await
+    }
+}
+
+/// Steady state: a member that does not coordinate reads the coordinator lease and the
+/// coordinator's member record each poll, however many members there are; the coordinator
+/// reads the roster and every other member's record. So the fleet's reads grow with the
+/// number of members, not with its square.
+#[tokio::test(start_paused = true)]
+async fn a_members_reads_do_not_grow_with_the_fleet() {
+    let poll = ShardedElector::builder(Arc::new(MemoryStore::new()), key(), 1)
+        .ttl(TTL)
+        .build()
+        .unwrap()
+        .timing()
+        .poll_every;
+    let window = Duration::from_secs(600);
+    let polls = window.as_secs_f64() / poll.as_secs_f64();
+    for count in [3usize, 12] {
+        let shared = MemoryStore::new();
+        let sides: Vec<Arc<CountingReads>> = (0..count)
+            .map(|_| {
+                Arc::new(CountingReads {
+                    store: shared.clone(),
+                    reads: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let n = 24;
+        let handles: Vec<ShardedHandle> = sides
+            .iter()
+            .enumerate()
+            .map(|(i, side)| start(side, &format!("m{i}"), n))
+            .collect();
+        for h in &handles {
+            work(h);
+        }
+        let all: Vec<&ShardedHandle> = handles.iter().collect();
+        until_checked(&all, 4 * TTL, balanced(n)).await;
+        sleep(TTL).await;
+        let before: Vec<u64> = sides
+            .iter()
+            .map(|s| s.reads.load(Ordering::Relaxed))
+            .collect();
+        sleep(window).await;
+        let reads: Vec<f64> = sides
+            .iter()
+            .zip(&before)
+            .map(|(s, b)| (s.reads.load(Ordering::Relaxed) - b) as f64 / polls)
+            .collect();
+        let coordinator = shared
+            .read(&LeaseKey::new("queues.coord").unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .record
+            .holder;
+        for (i, per_poll) in reads.iter().enumerate() {
+            if coordinator.as_str() == format!("m{i}") {
+                // The roster and every other member's record.
+                assert!(
+                    (*per_poll - count as f64).abs() < 0.2,
+                    "{count} members: the coordinator read {per_poll:.2} a poll"
+                );
+            } else {
+                assert!(
+                    (*per_poll - 2.0).abs() < 0.1,
+                    "{count} members: a member read {per_poll:.2} a poll: {reads:?}"
+                );
+            }
+        }
+        for h in handles {
+            h.shutdown().await;
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,8 +1,7 @@
 //! The sharded simulation: seeds without a flaw break nothing; each planted flaw is caught.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use leader_core::simulation::ShardFlaw;
-use leader_core::simulation::{ShardReport, ShardSimConfig, run_sharded};
+use leader_core::simulation::{ShardFlaw, ShardReport, ShardSimConfig, run_sharded};
 
 fn run(seed: u64, flaw: ShardFlaw, ignore_deadline: bool) -> ShardReport {
     let mut config = ShardSimConfig::new(seed).with_flaw(flaw);
@@ -29,25 +28,58 @@ fn sharded_seeds_keep_every_invariant() {
 }
 
 /// Each planted flaw breaks an invariant within a few seeds: the checkers see what they
-/// guard.
+/// guard. (The flaws of the reviews' findings, and ownership by id alone, which two rules now
+/// close, need one exact interleaving each, which random seeds do not play:
+/// `tests/sharded_directed.rs` plays them.) An absent record free despite claims is caught in
+/// rarer seeds (the first is 145, found with `simulate_sharded --flaw ignore-claims`). The
+/// cases run side by side.
 #[test]
 fn every_planted_flaw_is_caught() {
     let cases = [
-        ("lagging owner read", ShardFlaw::LaggingOwnerRead, false, 40),
-        ("no token reservation", ShardFlaw::NoReservation, false, 40),
-        ("ownership by id alone", ShardFlaw::OwnerById, false, 300),
+        (
+            "lagging owner read",
+            ShardFlaw::LaggingOwnerRead,
+            false,
+            0..40,
+        ),
+        (
+            "no token reservation",
+            ShardFlaw::NoReservation,
+            false,
+            0..40,
+        ),
+        (
+            "a stale plan acted on",
+            ShardFlaw::TrustThePlan,
+            false,
+            0..40,
+        ),
         (
             "absent records ignore claims",
             ShardFlaw::IgnoreClaims,
             false,
-            400,
+            0..400,
         ),
-        ("work ignores the deadline", ShardFlaw::None, true, 10),
+        ("work ignores the deadline", ShardFlaw::None, true, 0..10),
     ];
-    for (name, flaw, ignore_deadline, budget) in cases {
-        let caught = (0..budget).find(|s| !run(*s, flaw, ignore_deadline).violations.is_empty());
-        assert!(caught.is_some(), "{name}: not caught in {budget} seeds");
-    }
+    std::thread::scope(|scope| {
+        let searches: Vec<_> = cases
+            .into_iter()
+            .map(|(name, flaw, ignore_deadline, seeds)| {
+                let budget = seeds.clone();
+                let found = scope.spawn(move || {
+                    seeds
+                        .into_iter()
+                        .find(|s| !run(*s, flaw, ignore_deadline).violations.is_empty())
+                });
+                (name, budget, found)
+            })
+            .collect();
+        for (name, budget, found) in searches {
+            let caught = found.join().expect("a search panicked");
+            assert!(caught.is_some(), "{name}: not caught in seeds {budget:?}");
+        }
+    });
 }
 
 #[test]

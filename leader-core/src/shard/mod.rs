@@ -26,6 +26,7 @@
 //! ```
 
 mod driver;
+mod plan;
 pub(crate) mod records;
 mod status;
 
@@ -83,8 +84,28 @@ pub enum ShardFlaw {
     IgnoreClaims,
     /// A taker writes `previous token + 1` without reserving it in the high-water mark.
     NoReservation,
-    /// A member adopts a shard record that names it by id, whatever membership term it names.
+    /// Ownership by id alone: a member adopts a shard record that names it by id, whatever
+    /// membership term it names, and takes any other term of its id as one of its own that
+    /// ended (so a restart under the same id inherits the shards of the process before it).
     OwnerById,
+    /// A shard taken from an absent record begins without checking, after the renew that
+    /// publishes it, that no other live member claims it (the review's finding F1).
+    NoClaimsRecheck,
+    /// The coordinator prunes a member from the roster by id, judging the member's latest
+    /// term rather than the listed one (F2).
+    PruneById,
+    /// The coordinator never reads a shard that stays unclaimed, so a record that names a live
+    /// term that does not claim it is never adopted (F3).
+    NoUnclaimedNet,
+    /// The coordinator judges members live by its own ttl, not the member's (F4).
+    ObserverTtl,
+    /// A member takes a shard its plan gives it without ending its owner's term first: a
+    /// stale plan acted on.
+    TrustThePlan,
+    /// Claims block only takes of absent records and adoptions: a released record, or one
+    /// whose owner's term is over, is taken although another live member claims the shard
+    /// (it may act on it after an operator's delete met a late write).
+    ClaimsForAbsentOnly,
 }
 
 /// A store for sharded leadership: leases ([`LeaseBackend`]) and conditional objects
@@ -190,6 +211,14 @@ impl ShardedElectorBuilder {
             &self.key,
         )?
         .with_clock(self.clock, self.seed.map(|s| s ^ 0x70c3));
+        let coord = LeaseClient::counted_as(
+            self.leases.clone(),
+            names.coord().clone(),
+            holder.clone(),
+            timing,
+            &self.key,
+        )?
+        .with_clock(self.clock, self.seed.map(|s| s ^ 0xc00d));
         Ok(ShardedElector {
             driver: driver::Driver::new(driver::Parts {
                 leases: self.leases,
@@ -199,6 +228,7 @@ impl ShardedElectorBuilder {
                 holder,
                 member,
                 tokens,
+                coord,
                 timing,
                 clock: self.clock,
                 rng: self.seed.map_or_else(Rng::from_entropy, Rng::seeded),

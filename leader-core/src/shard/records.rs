@@ -24,6 +24,8 @@ pub(crate) struct Names {
     key: LeaseKey,
     roster: ObjectName,
     tokens: LeaseKey,
+    coord: LeaseKey,
+    plan: ObjectName,
 }
 
 impl Names {
@@ -41,6 +43,8 @@ impl Names {
             key: key.clone(),
             roster: ObjectName::new(format!("{key}.roster"))?,
             tokens: LeaseKey::new(format!("{key}.tokens"))?,
+            coord: LeaseKey::new(format!("{key}.coord"))?,
+            plan: ObjectName::new(format!("{key}.plan"))?,
         })
     }
 
@@ -56,6 +60,16 @@ impl Names {
     /// The lease whose terms' tokens are the shard tokens.
     pub(crate) fn tokens(&self) -> &LeaseKey {
         &self.tokens
+    }
+
+    /// The coordinator's lease: its holder reads the members and writes the plan.
+    pub(crate) fn coord(&self) -> &LeaseKey {
+        &self.coord
+    }
+
+    /// The coordinator's plan: which member should lead each shard.
+    pub(crate) fn plan(&self) -> &ObjectName {
+        &self.plan
     }
 
     /// The record of shard `s`.
@@ -77,12 +91,6 @@ pub(crate) fn stable_hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// How much instance `id` wants shard `s` (rendezvous hashing): each instance tries the free
-/// shards in its own order, so that takers do not all race for the same ones.
-pub(crate) fn score(id_hash: u64, s: u32) -> u64 {
-    crate::rand::mix(id_hash ^ u64::from(s).wrapping_mul(crate::rand::GOLDEN_GAMMA))
 }
 
 /// Whether a shard record says its owner holds it, or gave it up.
@@ -118,16 +126,56 @@ impl ShardRecord {
     }
 }
 
-/// Who joined a sharded election, and how many shards it has.
+/// Who joined a sharded election, in which membership term, and how many shards it has.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Roster {
     pub(crate) v: u32,
     pub(crate) shards: u32,
-    pub(crate) members: Vec<HolderId>,
+    pub(crate) members: Vec<Entry>,
     /// Drawn when the roster is created: a different value means it was deleted and written
     /// again since it was last read.
     #[serde(default)]
     pub(crate) created: u64,
+}
+
+/// One member of the roster: its id, the membership term it joined in, and its ttl. A member
+/// writes its entry again in each new membership term, so that a prune decided from an older
+/// look (conditional on the roster as it was) cannot remove it. The ttl tells every reader how
+/// long that member's terms can last (instances of a key may run with different ttls).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "EntryForm")]
+pub(crate) struct Entry {
+    pub(crate) id: HolderId,
+    pub(crate) term: u64,
+    /// Milliseconds; 0 when not known (an entry of an earlier build).
+    pub(crate) ttl_ms: u64,
+}
+
+/// An entry as stored: `{"id", "term", "ttl_ms"}`, or a bare id (a roster of earlier builds:
+/// term 0, rewritten by its member at its next look).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum EntryForm {
+    Entry {
+        id: HolderId,
+        term: u64,
+        #[serde(default)]
+        ttl_ms: u64,
+    },
+    Id(HolderId),
+}
+
+impl From<EntryForm> for Entry {
+    fn from(form: EntryForm) -> Self {
+        match form {
+            EntryForm::Entry { id, term, ttl_ms } => Entry { id, term, ttl_ms },
+            EntryForm::Id(id) => Entry {
+                id,
+                term: 0,
+                ttl_ms: 0,
+            },
+        }
+    }
 }
 
 impl Roster {
@@ -137,6 +185,36 @@ impl Roster {
 
     pub(crate) fn decode(name: &ObjectName, bytes: &[u8]) -> Result<Self, Error> {
         decode(name, bytes, "roster")
+    }
+
+    /// The ids listed, each once, in order.
+    pub(crate) fn ids(&self) -> Vec<HolderId> {
+        let mut ids: Vec<HolderId> = self.members.iter().map(|e| e.id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// Whether `id` is listed in membership term `term`.
+    pub(crate) fn lists(&self, id: &HolderId, term: u64) -> bool {
+        self.members.iter().any(|e| e.id == *id && e.term == term)
+    }
+
+    /// Lists `id` in term `term` with its `ttl`, in place of any earlier entry of it.
+    pub(crate) fn enter(&mut self, id: &HolderId, term: u64, ttl: std::time::Duration) {
+        self.members.retain(|e| e.id != *id);
+        self.members.push(Entry {
+            id: id.clone(),
+            term,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        });
+        self.v = self.v.max(2);
+    }
+
+    /// The longest ttl any entry names.
+    pub(crate) fn longest_ttl(&self) -> std::time::Duration {
+        let ms = self.members.iter().map(|e| e.ttl_ms).max().unwrap_or(0);
+        std::time::Duration::from_millis(ms)
     }
 }
 

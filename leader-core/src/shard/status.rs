@@ -70,7 +70,7 @@ where
         unclaimed.insert(s);
     }
     let mut members = Vec::with_capacity(roster.members.len());
-    for id in roster.members {
+    for id in roster.ids() {
         let record = names.member(&id);
         let found = within(DEFAULT_BUDGET, store.read(&record))
             .await

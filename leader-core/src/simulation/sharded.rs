@@ -2,7 +2,7 @@
 //! fault-injecting store whose follower reads lag on every key, with crashes, restarts under
 //! the same id, frozen processes, partitions, outages, storms, late writes, joins, graceful
 //! leaves and an operator deleting records (shard records, member records, the roster, the
-//! token lease), under paused tokio time.
+//! token lease, the coordinator lease, the plan), under paused tokio time.
 //!
 //! Every instance runs a worker per led shard that acts every few milliseconds while its
 //! [`Term`](crate::Term) is valid, logging each act. The checkers:
@@ -797,17 +797,20 @@ impl Fleet {
         self.restarts.push((at, format!("i{}", 2000 + self.next)));
     }
 
-    /// The operator deletes a record: a shard's, the token mark, the roster, or a member's.
+    /// The operator deletes a record: a shard's, the token mark, the roster, the coordinator
+    /// lease, the plan, or a member's.
     fn delete_record(&mut self, target: Option<Inst>, now: Duration) {
         let world = &self.world;
         let shards = u64::from(world.config.shards);
-        let name = match self.rng.range_u64(0, 3) {
+        let name = match self.rng.range_u64(0, 5) {
             0 => format!("sim.s.{}", self.rng.range_u64(0, shards - 1)),
             1 => "sim.tokens".to_owned(),
             2 => "sim.roster".to_owned(),
+            3 => "sim.coord".to_owned(),
+            4 => "sim.plan".to_owned(),
             _ => String::new(),
         };
-        if name == "sim.tokens"
+        if (name == "sim.tokens" || name == "sim.coord")
             && let Ok(key) = LeaseKey::new(&name)
         {
             world.store.store.delete(&key);

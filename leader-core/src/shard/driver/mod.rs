@@ -1,6 +1,9 @@
-//! The task of one sharded instance: its membership term, the look at the other members, the
-//! balance, takeovers and releases. The rules are in `docs/sharding.md`; each step below names
-//! the rule it keeps.
+//! The task of one sharded instance: its membership term, takeovers and releases by the
+//! coordinator's plan, and (in `coord`) the coordinator's own work when this instance holds the
+//! coordinator lease. The rules are in `docs/sharding.md`; each step below names the rule it
+//! keeps.
+
+mod coord;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -11,9 +14,9 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::plan::Plan;
 use super::records::{
-    Names, Roster, ShardRecord, ShardSet, ShardState, claims_metadata, claims_of, score,
-    stable_hash,
+    Names, Roster, ShardRecord, ShardSet, ShardState, claims_metadata, claims_of,
 };
 use super::{Assignment, ShardFlaw, Shared};
 use crate::backend::{
@@ -49,6 +52,7 @@ pub(crate) struct Parts {
     pub(crate) holder: HolderId,
     pub(crate) member: LeaseClient,
     pub(crate) tokens: LeaseClient,
+    pub(crate) coord: LeaseClient,
     pub(crate) timing: Timing,
     pub(crate) clock: ClockRate,
     pub(crate) rng: Rng,
@@ -65,7 +69,22 @@ struct Peer {
     live: bool,
     /// Read at least once.
     read: bool,
+    /// Its membership term as last read held by it.
+    term: u64,
     claims: ShardSet,
+}
+
+impl Peer {
+    /// A member not read yet, last seen in membership term `term`.
+    fn new(client: LeaseClient, term: u64, n: u32) -> Self {
+        Self {
+            client,
+            live: false,
+            read: false,
+            term,
+            claims: ShardSet::new(n),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -83,6 +102,9 @@ struct Owned {
     token: u64,
     revision: Revision,
     state: State,
+    /// Taken from an absent record: its term begins only if, after the renew that publishes
+    /// it, no other live member claims it (rule 1e).
+    from_absent: bool,
 }
 
 /// The membership term this instance holds.
@@ -109,12 +131,25 @@ pub(crate) struct Driver {
     names: Names,
     n: u32,
     me: HolderId,
-    my_hash: u64,
     member: LeaseClient,
     /// The `P.tokens` lease, whose terms' tokens are the shard tokens.
     tokens: LeaseClient,
     /// A release of the token lease failed: it may still be ours.
     tokens_held: bool,
+    /// The coordinator lease (`P.coord`), campaigned for by every member.
+    coord: LeaseClient,
+    /// While this instance coordinates: its coordinator term and what it has seen.
+    leading: Option<coord::Leading>,
+    /// While another instance coordinates: the client that times its membership record, so
+    /// that a successor can end its term at once if it dies.
+    watching: Option<(HolderId, LeaseClient)>,
+    /// The last plan read (or written, when coordinating).
+    plan: Option<Plan>,
+    /// The highest plan version seen: a new plan is numbered above it.
+    max_version: u64,
+    /// The membership term and roster (its creation mark) this instance is listed in, and
+    /// since when.
+    listed: Option<(u64, u64, Instant)>,
     timing: Timing,
     clock: ClockRate,
     rng: Rng,
@@ -128,11 +163,14 @@ pub(crate) struct Driver {
     uncertain: BTreeMap<u32, Expected>,
     /// Shards whose record names our membership term, whose adoption failed: tried again.
     adopt_retry: ShardSet,
+    /// When adoptions are tried again next.
+    adopt_due: Instant,
     highest: u64,
-    /// Whether this instance has seen the roster; and since when it has been written again
-    /// after it vanished.
+    /// The creation mark of the roster this instance last read.
     roster_seen: Option<u64>,
-    roster_gap: Option<Instant>,
+    /// The roster was written again after a delete (or first seen on a key with a history):
+    /// `Some(None)` until a plan naming it was seen, then since when (rule 3.2).
+    roster_gap: Option<Option<Instant>>,
     /// The highest membership token seen per member: names its latest term.
     last_token: HashMap<HolderId, u64>,
     /// The longest ttl seen in a member record.
@@ -147,16 +185,20 @@ pub(crate) struct Driver {
     /// operator deleted it), and since when: such a term counts as over only a ttl later.
     /// Keyed by term, so that a member that came back and was deleted again is timed anew.
     absent: HashMap<(HolderId, u64), Instant>,
+    /// Membership terms `(member, token)` whose member's record a linearizable read showed in
+    /// a later term of the same id, and since when: over a ttl later (rule 3.2). Not reset by
+    /// a later read (the record is there: it is the later term that was seen).
+    superseded: HashMap<(HolderId, u64), Instant>,
     shared: Option<Arc<Shared>>,
 }
 
 impl Driver {
     pub(crate) fn new(p: Parts) -> Self {
         Self {
-            my_hash: stable_hash(p.holder.as_str()),
             intend: ShardSet::new(p.shards),
             uncertain: BTreeMap::new(),
             adopt_retry: ShardSet::new(p.shards),
+            adopt_due: Instant::now(),
             leases: p.leases,
             objects: p.objects,
             names: p.names,
@@ -165,6 +207,12 @@ impl Driver {
             member: p.member,
             tokens: p.tokens,
             tokens_held: false,
+            coord: p.coord,
+            leading: None,
+            watching: None,
+            plan: None,
+            max_version: 0,
+            listed: None,
             timing: p.timing,
             clock: p.clock,
             rng: p.rng,
@@ -173,6 +221,7 @@ impl Driver {
             owned: BTreeMap::new(),
             highest: 0,
             absent: HashMap::new(),
+            superseded: HashMap::new(),
             reapers: HashMap::new(),
             last_token: HashMap::new(),
             roster_seen: None,
@@ -268,6 +317,7 @@ impl Driver {
     /// Takes a membership term (a new one: a restart, or after the last one ended).
     async fn join(&mut self) -> Result<Option<Membership>, Problem> {
         let shared = self.shared();
+        self.stop_leading().await;
         let retry = self.real(self.timing.retry_every);
         let mut backoff = Backoff::new(retry / 4, retry).pauses();
         loop {
@@ -343,6 +393,7 @@ impl Driver {
         let poll = self.real(self.timing.poll_every);
         let mut next_poll = Instant::now();
         loop {
+            let coord_retry = self.coord_retry();
             tokio::select! {
                 biased;
                 _ = shared.shutdown.cancelled() => {
@@ -361,6 +412,9 @@ impl Driver {
                     if !self.renew(&mut m).await {
                         return End::Over;
                     }
+                }
+                _ = sleep_until(coord_retry.unwrap_or(next_poll)), if coord_retry.is_some() => {
+                    self.renew_coord().await;
                 }
                 _ = sleep(self.real(RELEASE_CHECK)), if self.releasing() => {
                     // Released shards whose work has stopped: mark them released now, not at
@@ -432,6 +486,11 @@ impl Driver {
                     });
                     let validity = self.real(self.timing.term_validity());
                     m.next_renew = grant.deadline - validity + self.real(self.timing.renew_every);
+                    // Right after the membership: a coordinator lease that lapses means its
+                    // holder's membership has lapsed too (a successor can end it at once).
+                    if self.leading.is_some() {
+                        self.renew_coord().await;
+                    }
                     self.activate(m, &published).await;
                     return true;
                 }
@@ -467,11 +526,11 @@ impl Driver {
 
     /// Starts a term for every pending shard in `published`.
     async fn activate(&mut self, m: &Membership, published: &ShardSet) {
-        // Rule 1: the record must still be the one we wrote now that the set naming the shard
-        // is published. An operator's delete between our write and that renew would let
-        // another instance take the shard without seeing our claim; a record read back
-        // after the renew closes that window (the other taker reads claims after the
-        // record, so it sees ours, or we see its record or the absence here).
+        // Rule 1d: the record must still be the one we wrote now that the set naming the
+        // shard is published. An operator's delete between our write and that renew would
+        // let another instance take the shard without seeing our claim; a record read back
+        // after the renew closes that window (the other taker reads claims after the record,
+        // so it sees ours, or we see its record or the absence here).
         let waiting: Vec<(u32, Revision)> = self
             .owned
             .iter()
@@ -500,7 +559,47 @@ impl Driver {
                 Err(_) => {}
             }
         }
+        self.recheck_absent_takes(&mut verified).await;
         self.start_terms(m, &verified);
+    }
+
+    /// Rule 1e: a shard taken from an absent record begins only if, after the renew that
+    /// published our claim, no other live member claims it. An absent record can be absent
+    /// again after an operator's delete: our write, decided before, may have landed after
+    /// another member took the shard and started acting (it published its claim before it
+    /// acted, so we see it here). Such a shard is not led; it stays claimed, as a record of
+    /// ours to adopt once nobody else claims it (rule 7). Unknown claims: it stays pending.
+    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet) {
+        let absent: Vec<u32> = verified
+            .iter()
+            .filter(|s| self.owned.get(s).is_some_and(|o| o.from_absent))
+            .collect();
+        if absent.is_empty() || self.planted(ShardFlaw::NoClaimsRecheck) {
+            return;
+        }
+        let Some(claims) = self
+            .claims_after_publish()
+            .await
+            .filter(|claims| claims.complete)
+        else {
+            for s in absent {
+                verified.remove(s);
+            }
+            return;
+        };
+        for s in absent {
+            if claims.of.iter().any(|(_, _, set)| set.contains(s)) {
+                warn!(
+                    shard = s,
+                    "another live member claims a shard taken from an absent record (an operator's delete met a late write); not leading it"
+                );
+                verified.remove(s);
+                self.owned.remove(&s);
+                self.adopt_retry.insert(s);
+            } else if let Some(o) = self.owned.get_mut(&s) {
+                o.from_absent = false;
+            }
+        }
     }
 
     fn start_terms(&mut self, m: &Membership, published: &ShardSet) {
@@ -565,7 +664,8 @@ impl Driver {
         shared.publish(|a| a.member = false);
     }
 
-    /// One look at the roster and the members, then one step towards balance.
+    /// One look: at the coordinator (and, coordinating, at every member), then one step
+    /// towards the plan: release what it gives to others, take what it gives to us.
     async fn poll(&mut self, m: &mut Membership) -> Result<(), Error> {
         self.finish_releases(m).await;
         if !self.uncertain.is_empty() {
@@ -579,80 +679,91 @@ impl Driver {
                 self.tokens_held = false;
             }
         }
-        let (roster, joined) = self.roster(m).await?;
-        self.look_at_peers(m, &roster).await;
-        let live: Vec<&Peer> = self.peers.values().filter(|p| p.live).collect();
-        let members = live.len() + 1;
-        let n = self.n as usize;
-        let (lo, hi) = (n / members, n.div_ceil(members));
-        let someone_below = live.iter().any(|p| p.claims.len() < lo);
-        let mut claimed = ShardSet::new(self.n);
-        for p in &live {
-            claimed.union_with(&p.claims);
+        self.follow_coordinator().await?;
+        if self.leading.is_some() {
+            // A failed look of the coordinator's: the rest of the poll (releases and takes
+            // by the plan in hand) goes on.
+            match self.coordinate(m).await {
+                Err(e) if is_permanent(&e) => return Err(e),
+                Err(e) => debug!(error = %e, "the coordinator's look failed; trying again"),
+                Ok(()) => {}
+            }
+        } else {
+            self.watch_coordinator().await;
         }
-        self.shared().publish(|a| a.members = members);
-        let mine = self.owned.len();
-        let mut held = claimed.clone();
-        held.union_with(&self.claims());
-        let unclaimed = n - held.len();
-        // Rule 5: release above the ceiling, or above the floor while someone is below it and
-        // no shard is free for it to take (else each look would release one more while the
-        // others' published counts catch up).
-        let surplus = if mine > hi {
-            mine - hi
-        } else if someone_below && mine > lo && unclaimed == 0 {
-            1
-        } else {
-            0
+        let joined = self.join_roster(m).await?;
+        let Some(plan) = &self.plan else {
+            return Ok(()); // no coordinator has planned yet: keep what we have
         };
-        if surplus > 0 {
-            self.release(surplus);
-            self.finish_releases(m).await;
-        } else {
-            let want = if someone_below { lo } else { hi };
-            let room = want.saturating_sub(mine);
-            // Shards of our own ended term first (rule 6), then free ones in our order.
-            let mut candidates: Vec<u32> = self
-                .adopt_retry
+        let members = plan.members.len();
+        self.shared().publish(|a| a.members = members);
+        // Not in the plan: the coordinator has not counted this membership term yet (it is
+        // new, or about to be ended). Keep what we lead and take back only our own.
+        let share = plan.share_of(&self.me);
+        if let Some(share) = &share {
+            // Rule 4: give up what the plan gives to others (released once its work stops).
+            let surplus: Vec<u32> = self
+                .owned
                 .iter()
-                .chain(self.intend.iter())
-                .filter(|s| !self.owned.contains_key(s))
+                .filter(|(s, o)| !share.contains(**s) && !matches!(o.state, State::Releasing(_)))
+                .map(|(s, _)| *s)
                 .collect();
-            let mut free: Vec<u32> = (0..self.n)
-                .filter(|s| {
-                    !self.owned.contains_key(s)
-                        && !claimed.contains(*s)
-                        && !self.intend.contains(*s)
-                        && !self.adopt_retry.contains(*s)
-                })
-                .collect();
-            free.sort_by_key(|s| std::cmp::Reverse(score(self.my_hash, *s)));
-            candidates.extend(free);
-            let take = room
-                .max(self.intend.len() + self.adopt_retry.len())
-                .min(BATCH);
-            candidates.truncate(take);
-            debug!(
-                members,
-                mine,
-                lo,
-                hi,
-                room,
-                candidates = candidates.len(),
-                "balance"
-            );
-            // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
-            if !candidates.is_empty() && joined {
-                self.intend = ShardSet::new(self.n);
-                self.take(m, candidates).await?;
+            if !surplus.is_empty() {
+                self.release_shards(&surplus);
+                self.finish_releases(m).await;
             }
         }
-        self.prune(m).await;
+        let share = share.unwrap_or_else(|| ShardSet::new(self.n));
+        let candidates = self.candidates(&share);
+        debug!(
+            members,
+            mine = self.owned.len(),
+            planned = share.len(),
+            candidates = candidates.len(),
+            "balance"
+        );
+        // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
+        if !candidates.is_empty() && joined {
+            self.intend = ShardSet::new(self.n);
+            self.take(m, candidates).await?;
+        }
         Ok(())
     }
 
-    /// Reads the roster and joins it if this instance is not in it.
-    async fn roster(&mut self, m: &Membership) -> Result<(Vec<HolderId>, bool), Error> {
+    /// The shards to try this poll, at most [`BATCH`]: of our own ended term first (rule 6),
+    /// adoptions to retry (rule 7, once per renew period: another member's claim may block
+    /// them for long), writes of ours whose outcome is unknown (tried again, so that a write
+    /// that never lands does not leave the shard claimed and unled), then the plan's; each is
+    /// taken only by the shard record's rules (rule 3).
+    fn candidates(&mut self, share: &ShardSet) -> Vec<u32> {
+        let now = Instant::now();
+        let adopt = now >= self.adopt_due && !self.adopt_retry.is_empty();
+        if adopt {
+            self.adopt_due = now + self.real(self.timing.renew_every);
+        }
+        let mut seen = ShardSet::new(self.n);
+        let mut candidates = Vec::new();
+        let ordered = self
+            .intend
+            .iter()
+            .chain(self.adopt_retry.iter().filter(|_| adopt))
+            .chain(self.uncertain.keys().copied())
+            .chain(share.iter());
+        for s in ordered {
+            if candidates.len() >= BATCH {
+                break;
+            }
+            if !self.owned.contains_key(&s) && !seen.contains(s) {
+                seen.insert(s);
+                candidates.push(s);
+            }
+        }
+        candidates
+    }
+
+    /// Reads the roster (a new one if there is none), refusing another shard count, and
+    /// notes whether it was deleted and written again since the last read.
+    async fn read_roster(&mut self) -> Result<(Roster, Expected), Error> {
         let name = self.names.roster().clone();
         let found = self.get(&name, "reading the roster").await?;
         let (roster, expected) = match found {
@@ -661,7 +772,7 @@ impl Driver {
             }
             None => (
                 Roster {
-                    v: 1,
+                    v: 2,
                     shards: self.n,
                     members: Vec::new(),
                     created: self.rng.next_u64(),
@@ -681,8 +792,17 @@ impl Driver {
                 source: None,
             });
         }
+        // Every member's ttl: a wait for another member's term to end lasts the longest.
+        self.max_ttl = self.max_ttl.max(roster.longest_ttl());
+        self.note_roster(&roster, &expected).await;
+        Ok((roster, expected))
+    }
+
+    /// Notes a roster read: if it was deleted and written again (or this is a first look at
+    /// a key with a history), absent shard records wait a ttl (rule 3.2).
+    async fn note_roster(&mut self, roster: &Roster, expected: &Expected) {
         let recreated = match self.roster_seen {
-            Some(created) => expected == Expected::Absent || created != roster.created,
+            Some(created) => *expected == Expected::Absent || created != roster.created,
             // A first look: this process cannot tell a roster written again after a delete
             // from one that never changed. If the key has a history (its token lease has a
             // record), absent shard records wait a ttl, in case a member has not listed
@@ -702,154 +822,83 @@ impl Driver {
             if self.roster_seen.is_some() {
                 warn!("the roster was deleted; absent shard records wait a ttl");
             }
-            self.roster_gap = Some(Instant::now());
+            self.roster_gap = Some(None);
+            self.listed = None;
         }
         self.roster_seen = Some(roster.created);
-        if roster.members.contains(&self.me) {
-            return Ok((roster.members, true));
+        self.saw_plan();
+    }
+
+    /// Lists this instance in the roster in its membership term, unless it is already (the
+    /// roster is read only until then, or when a plan names another roster). `true` once
+    /// listed.
+    async fn join_roster(&mut self, m: &Membership) -> Result<bool, Error> {
+        let term = m.fence.token.0;
+        let other_roster = self
+            .plan
+            .as_ref()
+            .is_some_and(|p| Some(p.roster) != self.roster_seen);
+        // Listed for a ttl and still not in the plan: look again (an entry removed by hand).
+        let unplanned = self
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.share_of(&self.me).is_none())
+            && self
+                .listed
+                .is_some_and(|(_, _, since)| since.elapsed() >= self.wait_ttl());
+        if other_roster || unplanned {
+            self.listed = None;
         }
-        let mut joined = roster.clone();
-        joined.members.push(self.me.clone());
-        match self.put(m, &name, &expected, &joined.encode()).await {
+        if self
+            .listed
+            .is_some_and(|(t, c, _)| t == term && Some(c) == self.roster_seen)
+        {
+            return Ok(true);
+        }
+        let (roster, expected) = self.read_roster().await?;
+        self.enter_roster(m, roster, expected).await
+    }
+
+    /// Writes our entry (this membership term) into `roster`, read at `expected`, unless it
+    /// is there. `true` once listed.
+    async fn enter_roster(
+        &mut self,
+        m: &Membership,
+        mut roster: Roster,
+        expected: Expected,
+    ) -> Result<bool, Error> {
+        let term = m.fence.token.0;
+        if self.listed_in(&roster, &self.me, term) {
+            self.listed = Some((term, roster.created, Instant::now()));
+            return Ok(true);
+        }
+        roster.enter(&self.me, term, self.timing.ttl);
+        let name = self.names.roster().clone();
+        match self.put(m, &name, &expected, &roster.encode()).await {
             Ok(Put::Written(_)) => {
-                info!(members = joined.members.len(), "joined the roster");
-                Ok((joined.members, true))
+                info!(members = roster.members.len(), "joined the roster");
+                self.listed = Some((term, roster.created, Instant::now()));
+                Ok(true)
             }
             Ok(_) => {
                 debug!("the roster changed while joining; trying again");
-                Ok((roster.members, false))
+                Ok(false)
             }
             Err(e) if is_permanent(&e) => Err(e),
             Err(e) => {
                 debug!(error = %e, "could not join the roster yet");
-                Ok((roster.members, false))
+                Ok(false)
             }
         }
     }
 
-    /// Removes members whose term is over from the roster (released, taken over, expired,
-    /// or dead for a ttl and then ended as rule 3.2 ends a term), so that it does not grow
-    /// with every instance that ever ran. A member that comes back adds itself again.
-    async fn prune(&mut self, m: &mut Membership) {
-        let candidates: Vec<(HolderId, u64)> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| !p.live && p.read)
-            .map(|(id, _)| (id.clone(), self.last_token.get(id).copied().unwrap_or(0)))
-            .collect();
-        let mut gone = Vec::new();
-        let mut cache = HashMap::new();
-        for (id, seen) in candidates {
-            if !self.stay(m).await {
-                return;
-            }
-            // The member's current term, by a linearizable read (the cheap view may show an
-            // older one, which may well be over while the member lives on in a newer term).
-            let read = within(
-                self.real(self.timing.request_timeout),
-                self.leases.read(&self.names.member(&id)),
-            )
-            .await;
-            let over = match read {
-                Ok(Ok(Some(stored))) if stored.record.holder == id && stored.record.is_held() => {
-                    self.is_over(&mut cache, m, &id, stored.record.token.0)
-                        .await
-                }
-                // Released by it, or taken over by another instance: left.
-                Ok(Ok(Some(_))) => true,
-                Ok(Ok(None)) => self.is_over(&mut cache, m, &id, seen).await,
-                _ => false,
-            };
-            if over {
-                gone.push(id);
-            }
-        }
-        if gone.is_empty() {
-            return;
-        }
-        let name = self.names.roster().clone();
-        let Ok(Some((bytes, revision))) = self.get(&name, "reading the roster").await else {
-            return;
-        };
-        let Ok(mut roster) = Roster::decode(&name, &bytes) else {
-            return;
-        };
-        roster.members.retain(|id| !gone.contains(id));
-        if let Ok(Put::Written(_)) = self
-            .put(m, &name, &Expected::Revision(revision), &roster.encode())
-            .await
-        {
-            info!(
-                removed = gone.len(),
-                "removed members whose term is over from the roster"
-            );
-            for id in gone {
-                self.peers.remove(&id);
-            }
-        }
-    }
-
-    /// The cheap read of every other member's record (rule 2): who is live, what it claims.
-    async fn look_at_peers(&mut self, m: &mut Membership, roster: &[HolderId]) {
-        self.peers.retain(|id, _| roster.contains(id));
-        let ttl = self.real(self.timing.ttl);
-        for id in roster {
-            if *id == self.me {
-                continue;
-            }
-            if !self.stay(m).await {
-                return;
-            }
-            if !self.peers.contains_key(id) {
-                let Ok(client) = self.peer_client(id) else {
-                    continue;
-                };
-                self.peers.insert(
-                    id.clone(),
-                    Peer {
-                        client,
-                        // Not counted until read: a member that cannot be read must not hold
-                        // the others' targets down.
-                        live: false,
-                        read: false,
-                        claims: ShardSet::new(self.n),
-                    },
-                );
-            }
-            let n = self.n;
-            let Some(peer) = self.peers.get_mut(id) else {
-                continue;
-            };
-            let observed = peer.client.observe().await;
-            if let Ok(Some(s)) = &observed {
-                let token = self.last_token.entry(id.clone()).or_insert(0);
-                *token = (*token).max(s.record.token.0);
-                self.max_ttl = self.max_ttl.max(s.record.ttl);
-            }
-            let Some(peer) = self.peers.get_mut(id) else {
-                continue;
-            };
-            match observed {
-                Ok(found) => {
-                    let held_by_it = found
-                        .as_ref()
-                        .is_some_and(|s| s.record.is_held() && s.record.holder == *id);
-                    let fresh = peer.client.expiry_model() == ExpiryModel::EnforcedByStore
-                        || peer
-                            .client
-                            .observed()
-                            .is_some_and(|(_, since)| since.elapsed() < ttl);
-                    peer.read = true;
-                    peer.live = held_by_it && fresh;
-                    peer.claims = found
-                        .as_ref()
-                        .filter(|_| held_by_it)
-                        .and_then(|s| claims_of(n, &s.record.metadata))
-                        .unwrap_or_else(|| ShardSet::new(n));
-                }
-                // Unknown: keep what was seen.
-                Err(e) => debug!(member = %id, error = %e, "could not read a member's record"),
-            }
+    /// Whether `roster` lists `id` in membership term `term`; with the planted flaw, in any
+    /// term (the review's finding F2).
+    fn listed_in(&self, roster: &Roster, id: &HolderId, term: u64) -> bool {
+        if self.planted(ShardFlaw::PruneById) {
+            roster.members.iter().any(|e| e.id == *id)
+        } else {
+            roster.lists(id, term)
         }
     }
 
@@ -875,50 +924,34 @@ impl Driver {
         if m.over {
             return Ok(());
         }
-        // 2. Who may be acting on each: absent records are checked against the members'
-        // claims as they are now (linearizable reads), others against their owner's term.
+        // 2. Who may be acting on each: every take is checked against the members' claims as
+        // they are now (linearizable reads), and a held record against its owner's term.
         let my_term = m.fence.token.0;
         let by_id = self.planted(ShardFlaw::OwnerById);
         let ours = |r: &ShardRecord, me: &HolderId| {
             r.state == ShardState::Held && r.owner == *me && (r.member == my_term || by_id)
         };
-        let needs_claims = found.iter().any(|(_, r)| match r {
-            None => true,
-            Some((r, _)) => ours(r, &self.me),
-        });
-        let claims = if needs_claims && !self.planted(ShardFlaw::IgnoreClaims) {
-            self.claims_now(m).await
+        let claims = if found.is_empty() || self.planted(ShardFlaw::IgnoreClaims) {
+            Some(Claims::none())
         } else {
-            Some(Vec::new())
+            self.claims_now(m).await
         };
+        // With the planted flaw, claims count for absent records and adoptions only.
+        let absent_only = self.planted(ShardFlaw::ClaimsForAbsentOnly);
+        let complete = claims.as_ref().is_some_and(|c| c.complete);
         let mut over: HashMap<(HolderId, u64), bool> = HashMap::new();
         let mut free: Vec<(u32, Expected, u64)> = Vec::new();
         for (s, record) in found {
             if !self.stay(m).await {
                 return Ok(());
             }
-            // Whether a live member other than us claims the shard (unknown: yes).
-            let claimed = match &claims {
-                None => true,
-                Some(claims) => {
-                    let mut blocked = false;
-                    for (id, token, set) in claims {
-                        if set.contains(s) && !self.is_over(&mut over, m, id, *token).await {
-                            blocked = true;
-                            break;
-                        }
-                    }
-                    blocked
-                }
-            };
+            let claimed = self.claimed(&mut over, m, claims.as_ref(), s).await;
             match record {
                 None => {
-                    if !claimed {
+                    self.adopt_retry.remove(s);
+                    if complete && !claimed {
                         free.push((s, Expected::Absent, 0));
                     }
-                }
-                Some((r, revision)) if r.state == ShardState::Released => {
-                    free.push((s, Expected::Revision(revision), r.token));
                 }
                 Some((r, revision)) if ours(&r, &self.me) => {
                     // Ours already: a write whose answer was lost, or one that landed late
@@ -926,16 +959,25 @@ impl Driver {
                     // Adopted only if no other live member claims it, by a write of our own
                     // with a new token, so that no other write of ours still on its way can
                     // land and the shard's tokens keep rising. Until then it stays claimed.
-                    if claimed {
-                        self.adopt_retry.insert(s);
-                    } else {
+                    if complete && !claimed {
                         free.push((s, Expected::Revision(revision), r.token));
+                    } else {
+                        self.adopt_retry.insert(s);
                     }
                 }
                 Some((r, revision)) => {
-                    let ended = self.is_over(&mut over, m, &r.owner, r.member).await;
-                    debug!(shard = s, owner = %r.owner, member = r.member, ended, "a held shard record");
-                    if ended {
+                    // Not ours (any more): nothing to adopt.
+                    self.adopt_retry.remove(s);
+                    // With the planted flaw, the plan is trusted: no rule asked.
+                    let trusted = self.trusts_plan(s);
+                    let ended = r.state == ShardState::Released
+                        || trusted
+                        || self.is_over(&mut over, m, &r.owner, r.member).await;
+                    debug!(shard = s, owner = %r.owner, member = r.member, state = ?r.state, ended, claimed, "a shard record");
+                    // A record that names a released or ended term may still be acted on by a
+                    // member whose own record of the shard an operator deleted and a late
+                    // write replaced (rule 3.2): it still claims the shard.
+                    if ended && (!claimed || absent_only || trusted) {
                         free.push((s, Expected::Revision(revision), r.token));
                     }
                 }
@@ -959,6 +1001,36 @@ impl Driver {
         // 4. Publish the new set at once; the terms begin when that renew succeeds.
         m.next_renew = m.next_renew.min(self.pending_renew());
         Ok(())
+    }
+
+    /// Whether a live member other than us claims shard `s` (unknown claims: yes).
+    async fn claimed(
+        &mut self,
+        over: &mut HashMap<(HolderId, u64), bool>,
+        m: &Membership,
+        claims: Option<&Claims>,
+        s: u32,
+    ) -> bool {
+        let Some(claims) = claims else {
+            return true;
+        };
+        for (id, token, set) in &claims.of {
+            if set.contains(s) && !self.is_over(over, m, id, *token).await {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The planted flaw [`ShardFlaw::TrustThePlan`]: a shard the plan gives us is taken as if
+    /// its owner's term were over.
+    fn trusts_plan(&self, s: u32) -> bool {
+        self.planted(ShardFlaw::TrustThePlan)
+            && self
+                .plan
+                .as_ref()
+                .and_then(|p| p.share_of(&self.me))
+                .is_some_and(|share| share.contains(s))
     }
 
     /// Rule 3.1: the candidates' shard records, read linearizably (`None`: absent), as many as
@@ -1025,6 +1097,7 @@ impl Driver {
                             token,
                             revision,
                             state: State::Pending,
+                            from_absent: expected == Expected::Absent,
                         },
                     );
                 }
@@ -1107,61 +1180,117 @@ impl Driver {
         }
     }
 
-    /// Every roster member's record as it is now, for the claims check of absent shard
-    /// records: (id, its term's token, its claims). `None` if one could not be read.
-    async fn claims_now(&mut self, m: &mut Membership) -> Option<Vec<(HolderId, u64, ShardSet)>> {
-        // The roster as it is now (a member may have joined since this poll began), and
-        // every member known otherwise.
-        if self
-            .roster_gap
-            .is_some_and(|since| since.elapsed() < self.wait_ttl())
-        {
-            return None;
-        }
-        let name = self.names.roster().clone();
-        let (bytes, _) = self.get(&name, "reading the roster").await.ok()??;
-        let roster = Roster::decode(&name, &bytes).ok()?;
-        let mut ids: Vec<HolderId> = roster.members;
-        ids.extend(self.peers.keys().cloned());
-        ids.sort();
-        ids.dedup();
-        ids.retain(|id| *id != self.me);
-        let mut out = Vec::with_capacity(ids.len());
+    /// Every other member's record as it is now, for the claims check of a take: (id, its
+    /// term's token, its claims). `None` if one could not be read.
+    async fn claims_now(&mut self, m: &mut Membership) -> Option<Claims> {
+        let (ids, complete) = self.claimant_ids().await?;
+        let mut of = Vec::with_capacity(ids.len());
         for id in ids {
             if !self.stay(m).await {
                 return None;
             }
-            let key = self.names.member(&id);
-            let read = within(
-                self.real(self.timing.request_timeout),
-                self.leases.read(&key),
-            )
-            .await;
-            // The latest term of it this instance has seen, to time a deletion by.
-            let seen = self.last_token.get(&id).copied().unwrap_or(0);
-            match read {
-                Ok(Ok(Some(stored))) => {
-                    self.saw(&id, &stored);
-                    if stored.record.is_held() && stored.record.holder == id {
-                        // Claims that cannot be read are unknown claims.
-                        let set = claims_of(self.n, &stored.record.metadata)?;
-                        out.push((id, stored.record.token.0, set));
-                    }
-                    // Else released by it, or taken over: its term is over.
-                }
-                // Expired by a store that enforces expiry: its term is over.
-                Ok(Ok(None)) if self.leases.expiry_model() == ExpiryModel::EnforcedByStore => {}
-                // Deleted: what it claimed is unknown until a ttl has passed (see is_over).
-                Ok(Ok(None)) => {
-                    let since = *self.absent.entry((id, seen)).or_insert_with(Instant::now);
-                    if since.elapsed() < self.wait_ttl() {
-                        return None;
-                    }
-                }
-                _ => return None,
+            if let Some(claim) = self.claim_of(id).await? {
+                of.push(claim);
             }
         }
-        Some(out)
+        Some(Claims { of, complete })
+    }
+
+    /// As [`claims_now`](Self::claims_now), right after a renew (no renew can be due).
+    async fn claims_after_publish(&mut self) -> Option<Claims> {
+        let (ids, complete) = self.claimant_ids().await?;
+        let mut of = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(claim) = self.claim_of(id).await? {
+                of.push(claim);
+            }
+        }
+        Some(Claims { of, complete })
+    }
+
+    /// Everyone whose claims matter, other than us: the roster as it is now (a member may
+    /// have joined since this poll began), the members of the last plan, and every member
+    /// known otherwise; and whether that is everyone: not while a roster written again after
+    /// a delete may not list every live member yet (rule 3.2). `None` if the roster could not
+    /// be read.
+    async fn claimant_ids(&mut self) -> Option<(Vec<HolderId>, bool)> {
+        let (roster, expected) = self.read_roster().await.ok()?;
+        let complete = expected != Expected::Absent && !self.roster_gap_open();
+        let mut ids: Vec<HolderId> = roster.ids();
+        ids.extend(self.peers.keys().cloned());
+        ids.extend(self.watching.iter().map(|(id, _)| id.clone()));
+        if let Some(plan) = &self.plan {
+            ids.extend(plan.members.iter().map(|s| s.id.clone()));
+        }
+        ids.sort();
+        ids.dedup();
+        ids.retain(|id| *id != self.me);
+        Some((ids, complete))
+    }
+
+    /// Whether a roster written again after a delete (or first seen on a key with a history)
+    /// may still lack live members: until a ttl after this instance first saw a plan that
+    /// names it. Every live member reads such a plan within a poll of its announcement (it
+    /// follows the coordinator lease) and lists itself again; the coordinator also lists every
+    /// live member it knows.
+    fn roster_gap_open(&mut self) -> bool {
+        let ttl = self.wait_ttl();
+        match self.roster_gap {
+            None => false,
+            Some(Some(since)) if since.elapsed() >= ttl => {
+                self.roster_gap = None;
+                false
+            }
+            Some(_) => true,
+        }
+    }
+
+    /// Notes that the plan in hand is the latest: if it names the roster this instance last
+    /// read, a gap after that roster was written again starts to run out.
+    fn saw_plan(&mut self) {
+        if self.roster_gap == Some(None)
+            && self
+                .plan
+                .as_ref()
+                .is_some_and(|p| Some(p.roster) == self.roster_seen)
+        {
+            self.roster_gap = Some(Some(Instant::now()));
+        }
+    }
+
+    /// What `id` claims by a linearizable read of its record: `Some(None)` if it claims
+    /// nothing (its term is over), `None` if that is not known.
+    async fn claim_of(&mut self, id: HolderId) -> Option<Option<(HolderId, u64, ShardSet)>> {
+        let key = self.names.member(&id);
+        let read = within(
+            self.real(self.timing.request_timeout),
+            self.leases.read(&key),
+        )
+        .await;
+        // The latest term of it this instance has seen, to time a deletion by.
+        let seen = self.last_token.get(&id).copied().unwrap_or(0);
+        match read {
+            Ok(Ok(Some(stored))) => {
+                self.saw(&id, &stored);
+                if stored.record.is_held() && stored.record.holder == id {
+                    // Claims that cannot be read are unknown claims.
+                    let set = claims_of(self.n, &stored.record.metadata)?;
+                    return Some(Some((id, stored.record.token.0, set)));
+                }
+                // Else released by it, or taken over: its term is over.
+                Some(None)
+            }
+            // Expired by a store that enforces expiry: its term is over.
+            Ok(Ok(None)) if self.leases.expiry_model() == ExpiryModel::EnforcedByStore => {
+                Some(None)
+            }
+            // Deleted: what it claimed is unknown until a ttl has passed (see is_over).
+            Ok(Ok(None)) => {
+                let since = *self.absent.entry((id, seen)).or_insert_with(Instant::now);
+                (since.elapsed() >= self.wait_ttl()).then_some(None)
+            }
+            _ => None,
+        }
     }
 
     /// Notes what a read of `id`'s member record showed: its latest term, its ttl, and that it
@@ -1196,8 +1325,10 @@ impl Driver {
         if let Some(over) = cache.get(&term) {
             return *over;
         }
+        // With the planted flaw, any other term of our id counts as one of ours that ended.
+        let mine = self.my_terms.contains(&token) || self.planted(ShardFlaw::OwnerById);
         let over = if self.ended.contains(&term)
-            || (*owner == self.me && self.my_terms.contains(&token) && token != m.fence.token.0)
+            || (*owner == self.me && mine && token != m.fence.token.0)
         {
             // Known over: a term of this process that it ended itself, or one we ended.
             true
@@ -1208,6 +1339,9 @@ impl Driver {
             if self.ended.len() >= ENDED_KEPT {
                 self.ended.clear();
             }
+            // Known over from now on: its timers are done with.
+            self.absent.remove(&term);
+            self.superseded.remove(&term);
             self.ended.insert(term.clone());
         }
         cache.insert(term, over);
@@ -1217,7 +1351,6 @@ impl Driver {
     /// Rule 3.2 for a term not known over, by a linearizable read of its member's record.
     async fn end_if_over(&mut self, owner: &HolderId, token: u64) -> bool {
         let key = self.names.member(owner);
-        let ttl = self.wait_ttl();
         if self.planted(ShardFlaw::LaggingOwnerRead) {
             return self.flawed_over(owner, token).await;
         }
@@ -1232,6 +1365,7 @@ impl Driver {
         };
         let term = (owner.clone(), token);
         let Some(stored) = stored else {
+            let ttl = self.wait_ttl();
             // Where the store expires leases itself (etcd deletes the key, ZooKeeper the
             // node), absence is how a term ends: over. Elsewhere an operator deleted it: its
             // member's renews fail from now on, but one sent before may have given it a
@@ -1242,8 +1376,10 @@ impl Driver {
             let since = *self.absent.entry(term).or_insert_with(Instant::now);
             return since.elapsed() >= ttl;
         };
-        // Not `saw`: an absence timed for an earlier term must not be forgotten here.
+        // Not `saw`: an absence timed for an earlier term must not be forgotten here. The
+        // record's own ttl counts before any wait is timed by it.
         self.max_ttl = self.max_ttl.max(stored.record.ttl);
+        let ttl = self.wait_ttl();
         let current = stored.record.token.0;
         if current > token {
             // A later term on the key. Taken over by another instance (which ended this term
@@ -1253,7 +1389,7 @@ impl Driver {
             if stored.record.holder != *owner {
                 return true;
             }
-            let since = *self.absent.entry(term).or_insert_with(Instant::now);
+            let since = *self.superseded.entry(term).or_insert_with(Instant::now);
             return since.elapsed() >= ttl;
         }
         if current < token || stored.record.holder != *owner {
@@ -1363,21 +1499,13 @@ impl Driver {
         Ok(Some(high))
     }
 
-    /// Rule 4: ends the terms of the `count` shards this instance wants least; their records
-    /// are marked released once their work has stopped ([`finish_releases`]).
-    fn release(&mut self, count: usize) {
+    /// Rule 4: ends the terms of `shards`; their records are marked released once their work
+    /// has stopped ([`finish_releases`]).
+    fn release_shards(&mut self, shards: &[u32]) {
         let shared = self.shared();
-        let mut mine: Vec<u32> = self
-            .owned
-            .iter()
-            .filter(|(_, o)| !matches!(o.state, State::Releasing(_)))
-            .map(|(s, _)| *s)
-            .collect();
-        mine.sort_by_key(|s| score(self.my_hash, *s));
-        mine.truncate(count);
         {
             let mut slots = shared.slots();
-            for s in &mine {
+            for s in shards {
                 if let Some(slot) = slots.remove(s) {
                     slot.cancel.cancel();
                 }
@@ -1389,7 +1517,10 @@ impl Driver {
                 }
             }
         }
-        info!(count = mine.len(), "releasing shards above the fair share");
+        info!(
+            count = shards.len(),
+            "releasing shards the plan gives to others"
+        );
         shared.publish(|_| {});
     }
 
@@ -1453,8 +1584,8 @@ impl Driver {
     /// Shutdown: ends every shard term, waits for the work (until the deadline), releases the
     /// shards whose work stopped, leaves the roster and releases the membership.
     async fn leave(&mut self, m: &mut Membership) {
-        let count = self.owned.len();
-        self.release(count);
+        let all: Vec<u32> = self.owned.keys().copied().collect();
+        self.release_shards(&all);
         // Wait for the work to stop, renewing meanwhile: the shards stay claimed (nobody else
         // takes them) until every one's work is confirmed stopped. Work that ignores its
         // cancelled term gets a few ttls; then the membership is left to expire instead.
@@ -1489,11 +1620,13 @@ impl Driver {
             return;
         }
         self.finish_releases(m).await;
+        // The coordinator lease first: a successor takes over at once, not a ttl later.
+        self.stop_leading().await;
         let name = self.names.roster().clone();
         if let Ok(Some((bytes, revision))) = self.get(&name, "reading the roster").await
             && let Ok(mut roster) = Roster::decode(&name, &bytes)
         {
-            roster.members.retain(|id| *id != self.me);
+            roster.members.retain(|e| e.id != self.me);
             let _ = self
                 .put(m, &name, &Expected::Revision(revision), &roster.encode())
                 .await;
@@ -1544,6 +1677,25 @@ impl Driver {
                 Ok(Some((bytes, revision))) if bytes == value => Ok(Put::Written(revision)),
                 _ => Ok(Put::Unknown),
             },
+        }
+    }
+}
+
+/// What the other members claim, by linearizable reads of their records.
+struct Claims {
+    /// (id, membership term, claimed set) of each member whose term is live as read.
+    of: Vec<(HolderId, u64, ShardSet)>,
+    /// Whether every member whose claims matter was read: not while a roster written again
+    /// after a delete may not list every live member yet. Absent records and adoptions need
+    /// complete claims; other takes go on with what is known.
+    complete: bool,
+}
+
+impl Claims {
+    fn none() -> Self {
+        Self {
+            of: Vec::new(),
+            complete: true,
         }
     }
 }
