@@ -23,6 +23,7 @@ fn flaw(name: &str) -> Option<ShardFlaw> {
         "no-reservation" => ShardFlaw::NoReservation,
         "owner-by-id" => ShardFlaw::OwnerById,
         "no-claims-recheck" => ShardFlaw::NoClaimsRecheck,
+        "no-token-recheck" => ShardFlaw::NoTokenRecheck,
         "prune-by-id" => ShardFlaw::PruneById,
         "no-unclaimed-net" => ShardFlaw::NoUnclaimedNet,
         "observer-ttl" => ShardFlaw::ObserverTtl,
@@ -77,7 +78,7 @@ fn main() -> ExitCode {
                 let Some(f) = flaw(&value) else {
                     eprintln!(
                         "unknown flaw {value}: none|lagging-owner-read|ignore-claims|no-reservation|\
-                         owner-by-id|no-claims-recheck|prune-by-id|no-unclaimed-net|observer-ttl|\
+                         owner-by-id|no-claims-recheck|no-token-recheck|prune-by-id|no-unclaimed-net|observer-ttl|\
                          trust-the-plan|claims-for-absent-only"
                     );
                     return ExitCode::from(64);

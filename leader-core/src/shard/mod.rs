@@ -91,6 +91,10 @@ pub enum ShardFlaw {
     /// A shard taken from an absent record begins without checking, after the renew that
     /// publishes it, that no other live member claims it (the review's finding F1).
     NoClaimsRecheck,
+    /// A shard taken from an absent record begins with the token its write carried, even if
+    /// a token was reserved after it (another member may have taken, led and released the
+    /// shard before the write landed on an operator's delete): the second review's R1.
+    NoTokenRecheck,
     /// The coordinator prunes a member from the roster by id, judging the member's latest
     /// term rather than the listed one (F2).
     PruneById,

@@ -33,6 +33,11 @@ pub(crate) struct Plan {
     /// to end.
     #[serde(default)]
     pub(crate) ttl_ms: u64,
+    /// Written once the coordinator had seen the roster it names for a ttl after announcing a
+    /// plan that names it: every live member has listed itself in it since, so an instance
+    /// that reads this plan may trust that roster at once.
+    #[serde(default)]
+    pub(crate) settled: bool,
 }
 
 /// One member's share of a plan.
@@ -297,6 +302,7 @@ mod tests {
                 shards: set(8, 0..8).encode(),
             }],
             ttl_ms: 15_000,
+            settled: true,
         };
         let name = ObjectName::new("k.plan").unwrap();
         let back = Plan::decode(&name, &plan.encode()).unwrap();

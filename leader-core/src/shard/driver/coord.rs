@@ -143,7 +143,7 @@ impl Driver {
         debug!(version = plan.version, members = plan.members.len(), by = %plan.by, "read the plan");
         self.max_ttl = self.max_ttl.max(Duration::from_millis(plan.ttl_ms));
         self.plan = Some(plan);
-        self.saw_plan();
+        self.saw_plan(announced.is_some());
         Ok(())
     }
 
@@ -177,6 +177,14 @@ impl Driver {
         }
     }
 
+    /// Whether the plan in hand is announced: always for a member (it takes only announced
+    /// plans), for the coordinator once its lease announces the plan's version.
+    pub(super) fn plan_announced(&self) -> bool {
+        self.leading
+            .as_ref()
+            .is_none_or(|l| self.plan.as_ref().is_some_and(|p| p.version == l.announced))
+    }
+
     /// When a failed renew of the coordinator lease is tried again, if one is due.
     pub(super) fn coord_retry(&self) -> Option<Instant> {
         self.leading.as_ref().and_then(|l| l.retry_at)
@@ -201,6 +209,7 @@ impl Driver {
                 leading.grant = grant;
                 leading.announced = version;
                 leading.retry_at = None;
+                self.saw_plan(true);
             }
             Ok(Renewal::Lost { .. } | Renewal::Expired) => {
                 warn!("the coordinator lease was lost; no longer coordinating");
@@ -549,12 +558,25 @@ impl Driver {
         };
         leading.checked = Instant::now();
         let now = found.map(|(_, r)| r);
-        let same = now == leading.revision;
-        if !same {
-            debug!("the plan object changed or vanished; writing it again");
-            leading.revision = now;
+        if now == leading.revision {
+            return true;
         }
-        same
+        debug!("the plan object changed or vanished; writing it again");
+        // Replaced: read what is there (its version, and whether a later coordinator term
+        // wrote it: then this one stands down).
+        if now.is_some() {
+            let term = leading.grant.token.0;
+            if self.read_plan(None).await.is_ok()
+                && self.plan.as_ref().is_some_and(|p| p.term > term)
+            {
+                info!("a later coordinator wrote the plan; no longer coordinating");
+                self.leading = None;
+                self.coord.end_term("a later coordinator wrote the plan");
+            }
+        } else if let Some(leading) = &mut self.leading {
+            leading.revision = None;
+        }
+        false
     }
 
     /// Writes a new plan if it differs from the last one (or is no longer in the store), and
@@ -580,9 +602,14 @@ impl Driver {
             })
             .collect();
         let ttl_ms = u64::try_from(self.max_ttl.as_millis()).unwrap_or(u64::MAX);
+        let settled = !self.roster_gap_open();
         // Unchanged, written in this coordinator term, and still in the store.
         let unchanged = self.plan.as_ref().is_some_and(|p| {
-            p.members == members && p.roster == roster && p.term == term && p.ttl_ms == ttl_ms
+            p.members == members
+                && p.roster == roster
+                && p.term == term
+                && p.ttl_ms == ttl_ms
+                && p.settled == settled
         });
         if unchanged && self.plan_in_place().await {
             return Ok(());
@@ -603,6 +630,7 @@ impl Driver {
             roster,
             members,
             ttl_ms,
+            settled,
         };
         let expected = match &leading.revision {
             Some(r) => Expected::Revision(r.clone()),
@@ -618,7 +646,6 @@ impl Driver {
                 }
                 self.max_version = version;
                 self.plan = Some(plan);
-                self.saw_plan();
             }
             Put::Conflict | Put::Unknown => {
                 // Someone else wrote it (another coordinator, or our late write): read it,

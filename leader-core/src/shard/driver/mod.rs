@@ -161,6 +161,9 @@ pub(crate) struct Driver {
     /// Shards whose write naming us had an unknown outcome (it may land late), with the
     /// condition it was sent with: while the record still meets it, the write may land.
     uncertain: BTreeMap<u32, Expected>,
+    /// Writes of ours with an unknown outcome that another live member claims: watched as
+    /// `uncertain` is, not published.
+    unpublished: BTreeMap<u32, Expected>,
     /// Shards whose record names our membership term, whose adoption failed: tried again.
     adopt_retry: ShardSet,
     /// When adoptions are tried again next.
@@ -197,6 +200,7 @@ impl Driver {
         Self {
             intend: ShardSet::new(p.shards),
             uncertain: BTreeMap::new(),
+            unpublished: BTreeMap::new(),
             adopt_retry: ShardSet::new(p.shards),
             adopt_due: Instant::now(),
             leases: p.leases,
@@ -587,12 +591,35 @@ impl Driver {
             }
             return;
         };
+        // The token lease as it is now: if a token was reserved after ours, another member
+        // may have taken the shard, acted and released it (and an operator deleted the
+        // record) before our write landed: our token would be below its.
+        let tokens = within(
+            self.real(self.timing.request_timeout),
+            self.leases.read(self.names.tokens()),
+        )
+        .await;
+        let last_reserved = match tokens {
+            Ok(Ok(Some(stored))) => Some(stored.record.token.0),
+            _ => None,
+        };
         for s in absent {
-            if claims.of.iter().any(|(_, _, set)| set.contains(s)) {
+            let claimed = claims.of.iter().any(|(_, _, set)| set.contains(s));
+            let later = !self.planted(ShardFlaw::NoTokenRecheck)
+                && self.owned.get(&s).map(|o| o.token) != last_reserved;
+            if claimed {
                 warn!(
                     shard = s,
                     "another live member claims a shard taken from an absent record (an operator's delete met a late write); not leading it"
                 );
+            } else if later {
+                debug!(
+                    shard = s,
+                    "a token was reserved after ours: adopting the shard with a new one"
+                );
+                self.adopt_due = Instant::now();
+            }
+            if claimed || later {
                 verified.remove(s);
                 self.owned.remove(&s);
                 self.adopt_retry.insert(s);
@@ -655,6 +682,7 @@ impl Driver {
         self.intend = intend;
         self.owned.clear();
         self.uncertain.clear();
+        self.unpublished.clear();
         self.adopt_retry = ShardSet::new(self.n);
         warn!(
             why,
@@ -668,7 +696,7 @@ impl Driver {
     /// towards the plan: release what it gives to others, take what it gives to us.
     async fn poll(&mut self, m: &mut Membership) -> Result<(), Error> {
         self.finish_releases(m).await;
-        if !self.uncertain.is_empty() {
+        if !self.uncertain.is_empty() || !self.unpublished.is_empty() {
             self.check_uncertain(m).await;
         }
         if self.tokens_held {
@@ -724,7 +752,6 @@ impl Driver {
         );
         // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
         if !candidates.is_empty() && joined {
-            self.intend = ShardSet::new(self.n);
             self.take(m, candidates).await?;
         }
         Ok(())
@@ -792,8 +819,14 @@ impl Driver {
                 source: None,
             });
         }
-        // Every member's ttl: a wait for another member's term to end lasts the longest.
+        // Every member's ttl: a wait for another member's term to end lasts the longest. And
+        // every member's term as listed: an absence is timed for the latest (a member lists
+        // each new term before it takes a shard).
         self.max_ttl = self.max_ttl.max(roster.longest_ttl());
+        for e in &roster.members {
+            let token = self.last_token.entry(e.id.clone()).or_insert(0);
+            *token = (*token).max(e.term);
+        }
         self.note_roster(&roster, &expected).await;
         Ok((roster, expected))
     }
@@ -826,7 +859,8 @@ impl Driver {
             self.listed = None;
         }
         self.roster_seen = Some(roster.created);
-        self.saw_plan();
+        let announced = self.plan_announced();
+        self.saw_plan(announced);
     }
 
     /// Lists this instance in the roster in its membership term, unless it is already (the
@@ -946,6 +980,20 @@ impl Driver {
                 return Ok(());
             }
             let claimed = self.claimed(&mut over, m, claims.as_ref(), s).await;
+            // A write of ours with an unknown outcome, which another live member claims too
+            // (its own may be unknown as well): no longer published, so that neither blocks
+            // the other for good; still watched, and adopted if it lands (rule 7).
+            if claimed
+                && !self.owned.contains_key(&s)
+                && let Some(sent_on) = self.uncertain.remove(&s)
+            {
+                self.unpublished.insert(s, sent_on);
+            }
+            // Judged with every claim known: no longer one of our ended term's to take back
+            // first (rule 6), whatever the verdict.
+            if complete {
+                self.intend.remove(s);
+            }
             match record {
                 None => {
                     self.adopt_retry.remove(s);
@@ -976,8 +1024,9 @@ impl Driver {
                     debug!(shard = s, owner = %r.owner, member = r.member, state = ?r.state, ended, claimed, "a shard record");
                     // A record that names a released or ended term may still be acted on by a
                     // member whose own record of the shard an operator deleted and a late
-                    // write replaced (rule 3.2): it still claims the shard.
-                    if ended && (!claimed || absent_only || trusted) {
+                    // write replaced (rule 3.2): it still claims the shard, and the set of
+                    // members read must be complete to see it.
+                    if trusted || (ended && complete && (!claimed || absent_only)) {
                         free.push((s, Expected::Revision(revision), r.token));
                     }
                 }
@@ -1090,6 +1139,7 @@ impl Driver {
                 Ok(Put::Written(revision)) => {
                     written += 1;
                     self.uncertain.remove(&s);
+                    self.unpublished.remove(&s);
                     self.adopt_retry.remove(s);
                     self.owned.insert(
                         s,
@@ -1125,11 +1175,13 @@ impl Driver {
         let pending: Vec<(u32, Expected)> = self
             .uncertain
             .iter()
+            .chain(&self.unpublished)
             .map(|(s, e)| (*s, e.clone()))
             .collect();
         for (s, sent_on) in pending {
             if self.owned.contains_key(&s) {
                 self.uncertain.remove(&s);
+                self.unpublished.remove(&s);
                 continue;
             }
             if !self.stay(m).await {
@@ -1143,6 +1195,7 @@ impl Driver {
                 continue;
             }
             self.uncertain.remove(&s);
+            self.unpublished.remove(&s);
             if let Some((bytes, _)) = found
                 && let Ok(r) = ShardRecord::decode(&name, &bytes)
                 && r.owner == self.me
@@ -1245,16 +1298,22 @@ impl Driver {
         }
     }
 
-    /// Notes that the plan in hand is the latest: if it names the roster this instance last
-    /// read, a gap after that roster was written again starts to run out.
-    fn saw_plan(&mut self) {
-        if self.roster_gap == Some(None)
-            && self
-                .plan
-                .as_ref()
-                .is_some_and(|p| Some(p.roster) == self.roster_seen)
-        {
-            self.roster_gap = Some(Some(Instant::now()));
+    /// Notes the plan in hand, `announced` by a coordinator (a member takes only announced
+    /// plans; the coordinator's own counts once its lease announces it): if it names the
+    /// roster this instance last read and a gap after that roster was written again is open,
+    /// the gap starts to run out; a *settled* plan (written once its coordinator's own gap had
+    /// run out, so every live member has listed itself since) closes it at once.
+    fn saw_plan(&mut self, announced: bool) {
+        let Some(plan) = &self.plan else {
+            return;
+        };
+        if Some(plan.roster) != self.roster_seen {
+            return;
+        }
+        match self.roster_gap {
+            Some(_) if plan.settled => self.roster_gap = None,
+            Some(None) if announced => self.roster_gap = Some(Some(Instant::now())),
+            _ => {}
         }
     }
 
