@@ -551,7 +551,10 @@ pub enum ObjectWrite {
 ///    [lease token](Fence::lease_token), DynamoDB with this holder) and refuse with
 ///    [`Error::Fenced`]. Such a check uses the lease token, never `token` itself: the two differ
 ///    for a shard term. Its [`Error::Fenced::highest`] names only a token of the object's own
-///    series: a newer term's token when `lease_term` is `None`, else `None`.
+///    series: a newer term's token when `lease_term` is `None`, else `None`. A put whose
+///    [`lease_check`](FencedPut::lease_check) is `false` checks nothing but `expected`: it is
+///    a plain compare-and-swap of the object (the records of an election over several stores,
+///    whose lease lives in no one store).
 ///
 /// The fencing rule itself (refuse a token below the object's fence, re-read on a conflict)
 /// is the core's, in the [`FencedStore`] implementation every `FencedCas` gets.
@@ -593,6 +596,10 @@ pub struct FencedPut<'a> {
     pub expected: &'a Expected,
     /// The new content.
     pub value: &'a [u8],
+    /// Whether a store that can also check the fence's lease in the same write does so
+    /// ([`FencedCas`], item 3). `true` unless built with
+    /// [`without_lease_check`](Self::without_lease_check).
+    pub lease_check: bool,
 }
 
 impl<'a> FencedPut<'a> {
@@ -608,7 +615,16 @@ impl<'a> FencedPut<'a> {
             object,
             expected,
             value,
+            lease_check: true,
         }
+    }
+
+    /// The same write, conditional on `expected` alone: no store checks the fence's lease.
+    /// For objects whose writer's lease lives in no one store (an election over several
+    /// stores); the fence's token is still stored as the object's fence.
+    pub fn without_lease_check(mut self) -> Self {
+        self.lease_check = false;
+        self
     }
 }
 

@@ -823,6 +823,74 @@ pub async fn fenced_put_needs_the_revision_it_read<H: Harness + ?Sized>(
     Ok(())
 }
 
+/// A put without the lease check ([`FencedPut::without_lease_check`]) is a plain
+/// compare-and-swap, as an election over several stores uses it: it needs no lease at the
+/// fence's key (none is held here), creates an absent object, is a conflict on absence once the
+/// object exists and on a revision it no longer has, and stores the fence's token.
+///
+/// # Errors
+/// A [`Failure`] describing the first broken expectation.
+pub async fn unchecked_put_is_a_plain_cas<H: Harness + ?Sized>(h: &H) -> Result<(), Failure> {
+    const CASE: &str = "unchecked_put_is_a_plain_cas";
+    let key = h.unique_key();
+    let object = ObjectName::new(format!("{key}-cas")).ctx(CASE, "object name")?;
+    let store = h.store().await.ctx(CASE, "connecting")?;
+    let holder = HolderId::new("conformance-nobody").ctx(CASE, "holder id")?;
+    let fence = Fence::new(key.clone(), holder, FencingToken(7));
+    let put = |expected: &Expected, value: &'static [u8]| {
+        let store = store.clone();
+        let (fence, object, expected) = (fence.clone(), object.clone(), expected.clone());
+        async move {
+            let put = FencedPut::new(&fence, &object, &expected, value).without_lease_check();
+            store.put_fenced_if(put).await
+        }
+    };
+    let first = match put(&Expected::Absent, b"one").await {
+        Ok(ObjectWrite::Written(r)) => r,
+        other => {
+            return Err(fail(
+                CASE,
+                format!(
+                    "a put on an absent object with no lease held must be written, got {other:?}"
+                ),
+            ));
+        }
+    };
+    let absent_again = put(&Expected::Absent, b"again").await;
+    ensure!(
+        matches!(absent_again, Ok(ObjectWrite::Conflict)),
+        CASE,
+        "a put conditioned on absence once the object exists must be a conflict, got {absent_again:?}"
+    );
+    let second = match put(&Expected::Revision(first.clone()), b"two").await {
+        Ok(ObjectWrite::Written(r)) => r,
+        other => {
+            return Err(fail(
+                CASE,
+                format!("a put on the object's revision must be written, got {other:?}"),
+            ));
+        }
+    };
+    ensure!(second != first, CASE, "two writes left the same revision");
+    let stale = put(&Expected::Revision(first), b"stale").await;
+    ensure!(
+        matches!(stale, Ok(ObjectWrite::Conflict)),
+        CASE,
+        "a put on a revision the object no longer has must be a conflict, got {stale:?}"
+    );
+    let now = store
+        .get_fenced(&object)
+        .await
+        .ctx(CASE, "reading the object")?
+        .ok_or_else(|| fail(CASE, "the object is missing"))?;
+    ensure!(
+        now.value == b"two" && now.revision == second && now.fence == FencingToken(7),
+        CASE,
+        "the object must hold the second write with the fence's token, got {now:?}"
+    );
+    Ok(())
+}
+
 /// A fence whose lease term differs from the token it writes (a shard term: the lease is the
 /// instance's membership, the token the shard's): while the lease term is live, a fenced
 /// write stores the fence's token, not the lease's, and a lower token with the same lease term
@@ -1340,7 +1408,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($then)*;
             fidelity_canary, create_if_absent, conflicting_create, renew, release_then_acquire,
             race, deposed_fenced_write_rejected, fenced_put_needs_the_revision_it_read,
-            fence_with_a_separate_lease_term, malformed_record_is_reported_and_kept,
+            fence_with_a_separate_lease_term, unchecked_put_is_a_plain_cas,
+            malformed_record_is_reported_and_kept,
             read_if_changed_follows_writes, token_survives_deletion, takeover_only_after_full_ttl,
             stale_renew_is_conflict, sharded_balance_and_handover);
     };

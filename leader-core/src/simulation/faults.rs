@@ -409,8 +409,10 @@ impl<S: FencedCas + 'static> FencedCas for FaultyStore<S> {
                     put.expected.clone(),
                     put.value.to_vec(),
                 );
+                let lease_check = put.lease_check;
                 async move {
-                    let put = FencedPut::new(&fence, &object, &expected, &value);
+                    let mut put = FencedPut::new(&fence, &object, &expected, &value);
+                    put.lease_check = lease_check;
                     let _ = inner.put_fenced_if(put).await;
                 }
             },

@@ -361,9 +361,9 @@ impl FencedCas for Resource {
                 Some(o) => Expected::Revision(o.revision),
                 None => Expected::Absent,
             };
-            store
-                .put_fenced_if(FencedPut::new(put.fence, put.object, &now, put.value))
-                .await
+            let mut blind = FencedPut::new(put.fence, put.object, &now, put.value);
+            blind.lease_check = put.lease_check;
+            store.put_fenced_if(blind).await
         } else {
             store.put_fenced_if(put).await
         };
