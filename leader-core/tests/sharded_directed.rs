@@ -30,6 +30,9 @@
 //! - R3: a new coordinator that knows nobody must not take a record naming an ended term
 //!   while a live member, not listed again yet, claims and acts on the shard.
 //! - R4: two unknown outcomes of two members on one shard must not leave it unled.
+//!
+//! And of its third review: R5, a lagging read must not list a member back in an older term;
+//! and one failed renew of the coordinator lease must not lose it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeMap;
@@ -1218,4 +1221,135 @@ async fn r4_two_unknown_outcomes_on_one_shard_leave_it_led() {
         );
         sleep(Duration::from_millis(10)).await;
     }
+}
+
+// The third review of the coordinator's design, and the coordinator lease's renew.
+
+/// The memory store as one instance reaches it: its follower read of one key may lag (it
+/// returns an older record that was written, as the contract allows); and the next write of
+/// one lease key fails once, when armed.
+#[derive(Debug)]
+struct Lagging {
+    store: MemoryStore,
+    frozen: Mutex<Option<(LeaseKey, Stored)>>,
+    fail_next: Mutex<Option<LeaseKey>>,
+}
+
+impl Lagging {
+    fn new(store: &MemoryStore) -> Arc<Self> {
+        Arc::new(Self {
+            store: store.clone(),
+            frozen: Mutex::new(None),
+            fail_next: Mutex::new(None),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for Lagging {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn read_if_changed(
+        &self,
+        key: &LeaseKey,
+        known: Option<&Revision>,
+    ) -> Result<IfChanged, Error> {
+        let frozen = self.frozen.lock().unwrap().clone();
+        if let Some((k, stale)) = frozen
+            && k == *key
+        {
+            return Ok(IfChanged::compared(Some(stale), known));
+        }
+        Ok(IfChanged::compared(self.store.read(key).await?, known))
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        let fail = self
+            .fail_next
+            .lock()
+            .unwrap()
+            .take_if(|k| *k == request.key)
+            .is_some();
+        if fail {
+            return Err(Error::unavailable("a failed write, played by the test"));
+        }
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for Lagging {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.store.put_fenced_if(put).await
+    }
+}
+
+async fn roster_term_of(store: &MemoryStore, id: &str) -> Option<u64> {
+    let found = store.get_fenced(&object("queues.roster")).await.unwrap()?;
+    let roster: serde_json::Value = serde_json::from_slice(&found.value).unwrap();
+    roster["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == id)
+        .and_then(|e| e["term"].as_u64())
+}
+
+/// R5. x lists itself in term M1, then (a blip) in M2. The coordinator's follower read of x's
+/// record still shows M1. The roster must not go back to listing x in M1 while x lives in M2.
+#[tokio::test(start_paused = true)]
+async fn r5_a_lagging_read_does_not_list_a_member_back_in_an_older_term() {
+    let store = MemoryStore::new();
+    let c_side = Lagging::new(&store);
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", TTL, || c.led().len() == 2).await;
+    let mut x = FakeMember::join(&store, "x", 2, "r:").await;
+    let m1 = x.token;
+    sleep(Duration::from_secs(2)).await; // the coordinator has looked at x
+    x.client.renew().await.unwrap();
+    let stale = store.read(&member_key("x")).await.unwrap().unwrap();
+    *c_side.frozen.lock().unwrap() = Some((member_key("x"), stale));
+    x.client.end_term("a blip, played by the test");
+    x.rejoin(&store, "r:").await;
+    let m2 = x.token;
+    assert!(m2 > m1);
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        let listed = roster_term_of(&store, "x").await;
+        assert_ne!(
+            listed,
+            Some(m1.get()),
+            "x lives in term {m2} but was listed back in its ended term {m1}"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One failed renew of the coordinator lease: the coordinator keeps it (the same term), as
+/// it keeps its membership through one failed renew.
+#[tokio::test(start_paused = true)]
+async fn one_failed_renew_keeps_the_coordinator_lease() {
+    let store = MemoryStore::new();
+    let c_side = Lagging::new(&store);
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", TTL, || c.led().len() == 2).await;
+    let coord = LeaseKey::new("queues.coord").unwrap();
+    let before = store.read(&coord).await.unwrap().unwrap().record.token;
+    *c_side.fail_next.lock().unwrap() = Some(coord.clone());
+    sleep(2 * TTL).await;
+    assert!(
+        c_side.fail_next.lock().unwrap().is_none(),
+        "no renew was tried"
+    );
+    let after = store.read(&coord).await.unwrap().unwrap();
+    assert!(after.record.is_held());
+    assert_eq!(
+        after.record.token, before,
+        "the coordinator lease changed term"
+    );
 }

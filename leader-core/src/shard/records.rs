@@ -26,6 +26,7 @@ pub(crate) struct Names {
     tokens: LeaseKey,
     coord: LeaseKey,
     plan: ObjectName,
+    history: ObjectName,
 }
 
 impl Names {
@@ -45,6 +46,7 @@ impl Names {
             tokens: LeaseKey::new(format!("{key}.tokens"))?,
             coord: LeaseKey::new(format!("{key}.coord"))?,
             plan: ObjectName::new(format!("{key}.plan"))?,
+            history: ObjectName::new(format!("{key}.history"))?,
         })
     }
 
@@ -70,6 +72,12 @@ impl Names {
     /// The coordinator's plan: which member should lead each shard.
     pub(crate) fn plan(&self) -> &ObjectName {
         &self.plan
+    }
+
+    /// The mark that the key has a history: written by the first instance that finds it
+    /// absent, never removed by an instance.
+    pub(crate) fn history(&self) -> &ObjectName {
+        &self.history
     }
 
     /// The record of shard `s`.

@@ -397,10 +397,16 @@ impl Driver {
             }
         }
         gone.retain(|e| roster.members.contains(e));
+        // A lagging read may show a member's earlier term: never list it back in one older
+        // than the latest known of it.
         let missing: Vec<Entry> = self
             .peers
             .iter()
-            .filter(|(id, p)| p.live && !self.listed_in(roster, id, p.term))
+            .filter(|(id, p)| {
+                p.live
+                    && p.term >= self.last_token.get(*id).copied().unwrap_or(0)
+                    && !self.listed_in(roster, id, p.term)
+            })
             .map(|(id, p)| Entry {
                 id: id.clone(),
                 term: p.term,
@@ -435,7 +441,8 @@ impl Driver {
             now.members.retain(|e| !gone.contains(e));
         }
         for e in missing {
-            if !self.listed_in(&now, &e.id, e.term) {
+            let newer = now.members.iter().any(|k| k.id == e.id && k.term > e.term);
+            if !newer && !self.listed_in(&now, &e.id, e.term) {
                 let ttl = self.max_ttl;
                 now.enter(&e.id, e.term, ttl);
             }

@@ -174,6 +174,7 @@ pub(crate) struct Driver {
     /// The roster was written again after a delete (or first seen on a key with a history):
     /// `Some(None)` until a plan naming it was seen, then since when (rule 3.2).
     roster_gap: Option<Option<Instant>>,
+
     /// The highest membership token seen per member: names its latest term.
     last_token: HashMap<HolderId, u64>,
     /// The longest ttl seen in a member record.
@@ -230,6 +231,7 @@ impl Driver {
             last_token: HashMap::new(),
             roster_seen: None,
             roster_gap: None,
+
             max_ttl: p.timing.ttl,
             ended: HashSet::new(),
             my_terms: HashSet::new(),
@@ -837,23 +839,19 @@ impl Driver {
         let recreated = match self.roster_seen {
             Some(created) => *expected == Expected::Absent || created != roster.created,
             // A first look: this process cannot tell a roster written again after a delete
-            // from one that never changed. If the key has a history (its token lease has a
-            // record), absent shard records wait a ttl, in case a member has not listed
-            // itself again yet; on a new key, nothing waits.
-            None => {
-                let history = within(
-                    self.real(self.timing.request_timeout),
-                    self.leases.read(self.names.tokens()),
-                )
-                .await;
-                !matches!(history, Ok(Ok(None)))
-            }
+            // from one that never changed. If the key has a history (a plan, or a record of
+            // its token lease), takes wait until every live member has had the time to list
+            // itself again (rule 3.2); on a new key, nothing waits.
+            None if self.plan.is_some() || self.max_version > 0 => true,
+            None => self.has_history().await,
         };
         if recreated {
             // Deleted (an operator) and written again: until every live member has added
             // itself again, it does not list everyone whose claims matter (rule 3.2).
             if self.roster_seen.is_some() {
-                warn!("the roster was deleted; absent shard records wait a ttl");
+                warn!(
+                    "the roster was deleted; no shard changes hands until every live member lists itself again"
+                );
             }
             self.roster_gap = Some(None);
             self.listed = None;
@@ -861,6 +859,33 @@ impl Driver {
         self.roster_seen = Some(roster.created);
         let announced = self.plan_announced();
         self.saw_plan(announced);
+    }
+
+    /// Whether the key has a history: its history mark is there (else it is written now: the
+    /// key is new), or its token lease has a record. Not known: yes. (The token lease alone
+    /// may be absent for a moment on etcd and ZooKeeper, whose leases vanish with their term,
+    /// so the mark, which no instance removes, decides.)
+    async fn has_history(&mut self) -> bool {
+        let name = self.names.history().clone();
+        match self.get(&name, "reading the history mark").await {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(_) => return true,
+        }
+        let tokens = within(
+            self.real(self.timing.request_timeout),
+            self.leases.read(self.names.tokens()),
+        )
+        .await;
+        let history = !matches!(tokens, Ok(Ok(None)));
+        let fence = Fence::new(self.names.key().clone(), self.me.clone(), FencingToken(0));
+        let put = FencedPut::new(&fence, &name, &Expected::Absent, b"").without_lease_check();
+        let limit = self.real(self.timing.request_timeout);
+        match within(limit, self.objects.put_fenced_if(put)).await {
+            Ok(Ok(ObjectWrite::Written(_))) => history,
+            // Written by another instance meanwhile, or not known: a history.
+            _ => true,
+        }
     }
 
     /// Lists this instance in the roster in its membership term, unless it is already (the
@@ -1745,8 +1770,7 @@ struct Claims {
     /// (id, membership term, claimed set) of each member whose term is live as read.
     of: Vec<(HolderId, u64, ShardSet)>,
     /// Whether every member whose claims matter was read: not while a roster written again
-    /// after a delete may not list every live member yet. Absent records and adoptions need
-    /// complete claims; other takes go on with what is known.
+    /// after a delete may not list every live member yet. Every take needs complete claims.
     complete: bool,
 }
 
