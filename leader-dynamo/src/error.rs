@@ -18,6 +18,8 @@ pub(crate) enum Op {
     Write,
     /// A `TransactWriteItems` of a fenced write.
     FencedWrite,
+    /// A conditional `UpdateItem` of a protected object, without the lease check.
+    ObjectWrite,
     /// `DescribeTable` / `CreateTable`.
     Table,
 }
@@ -28,13 +30,14 @@ impl Op {
             Op::Read => "reading from DynamoDB",
             Op::Write => "a conditional write to DynamoDB",
             Op::FencedWrite => "a fenced transaction on DynamoDB",
+            Op::ObjectWrite => "a conditional write of a protected object to DynamoDB",
             Op::Table => "checking the DynamoDB table",
         }
     }
 
     /// Whether the call may have changed data if its outcome is unknown.
     pub(crate) fn mutates(self) -> bool {
-        matches!(self, Op::Write | Op::FencedWrite)
+        matches!(self, Op::Write | Op::FencedWrite | Op::ObjectWrite)
     }
 }
 
@@ -435,7 +438,7 @@ mod tests {
     #[test]
     fn throttling_codes_are_throttled_and_retryable() {
         for code in THROTTLING {
-            for op in [Op::Read, Op::Write, Op::FencedWrite] {
+            for op in [Op::Read, Op::Write, Op::FencedWrite, Op::ObjectWrite] {
                 let e = map_failure(op, &ctx(), service(code, "slow down", 400), None);
                 assert_eq!(e.kind(), ErrorKind::Throttled, "{code}");
                 assert!(e.is_retryable());
@@ -544,10 +547,13 @@ mod tests {
     #[test]
     fn timeouts_are_indeterminate_for_writes_only() {
         assert_eq!(kind(Op::Write, Failure::TimedOut), ErrorKind::Indeterminate);
-        assert_eq!(
-            kind(Op::FencedWrite, Failure::TimedOut),
-            ErrorKind::Indeterminate
-        );
+        for op in [Op::FencedWrite, Op::ObjectWrite] {
+            assert_eq!(
+                kind(op, Failure::TimedOut),
+                ErrorKind::Indeterminate,
+                "{op:?}"
+            );
+        }
         assert_eq!(kind(Op::Read, Failure::TimedOut), ErrorKind::Timeout);
         let dispatch = || Failure::Dispatch {
             message: "reset".to_owned(),

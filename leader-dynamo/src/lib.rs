@@ -77,8 +77,12 @@
 //! `TransactWriteItems` checks that the lease item still has the writer's holder and token
 //! and updates the object on condition that its `object_rev` is the one read (or that it is
 //! absent). The revision, not the fence, makes the write conditional, so a write of a term
-//! delivered late cannot undo a later acknowledged write of the same term. DynamoDB's TTL
-//! deletion is not used; do not enable it on these items.
+//! delivered late cannot undo a later acknowledged write of the same term. A write without
+//! the lease check
+//! ([`FencedPut::without_lease_check`](leader_core::backend::FencedPut::without_lease_check),
+//! for an election over several stores) is one `UpdateItem` of the object item with the same
+//! update and condition, and no transaction. DynamoDB's TTL deletion is not used; do not
+//! enable it on these items.
 //!
 //! Requests, per lease key: an acquire is a consistent `GetItem` and one
 //! `TransactWriteItems` of two items (2 write units each, 4 in all, where a plain

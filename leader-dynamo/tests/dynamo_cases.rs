@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -20,13 +21,14 @@ use common::{delete_lease, mark_of, moto_url, proxy, raw_client, raw_item, store
 use integration_tests::proxy::{Canned, Fault, FaultProxy, Match, Rule};
 use leader_core::backend::within;
 use leader_core::backend::{
-    Expected, LeaseRecord, TermId, WriteKind, WriteNonce, WriteOutcome, WriteRequest,
+    Expected, FencedCas, FencedPut, LeaseRecord, ObjectWrite, TermId, WriteKind, WriteNonce,
+    WriteOutcome, WriteRequest,
 };
 use leader_core::{
     Acquisition, Elector, Error, ErrorKind, Fence, FencedStore, FencingToken, HolderId,
     LeaseBackend, LeaseClient, LeaseKey, Metadata, ObjectName, Renewal,
 };
-use leader_dynamo::{DynamoBuilder, LEASE_PREFIX, MARK_PREFIX};
+use leader_dynamo::{DynamoBuilder, LEASE_PREFIX, MARK_PREFIX, OBJECT_PREFIX};
 use tokio::time::Instant;
 
 fn table() -> String {
@@ -198,6 +200,75 @@ async fn a_fence_with_a_separate_lease_term_needs_that_term_live() {
     };
     let written = store.fenced_write(&newer, &object, b"two").await.unwrap();
     assert_eq!(written.fence, newer.token);
+}
+
+/// A put without the lease check is a plain compare-and-swap of the object item: where the
+/// same fence's checked put is refused (no lease is held at its key), it writes, with one
+/// `UpdateItem` and no transaction. Its item has the attributes a checked put leaves, and
+/// each kind of put goes on from the revision the other left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchecked_put_writes_where_the_checked_put_is_fenced() {
+    let url = moto_url().await;
+    let table = table();
+    let store = store_at(&url, &table).await;
+    let proxy = proxy(&url).await;
+    let through = store_at(&proxy.url(), &table).await;
+    let object = ObjectName::new("cas-record").unwrap();
+    let item = || raw_item(&url, &table, format!("{OBJECT_PREFIX}{object}"));
+    let idle = Fence::new(
+        LeaseKey::new("held-by-nobody").unwrap(),
+        HolderId::new("a").unwrap(),
+        FencingToken(7),
+    );
+    let absent = Expected::Absent;
+    let err = through
+        .put_fenced_if(FencedPut::new(&idle, &object, &absent, b"one"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+    assert!(item().await.is_none());
+
+    proxy.reset_requests();
+    let put = FencedPut::new(&idle, &object, &absent, b"one").without_lease_check();
+    let ObjectWrite::Written(r1) = through.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put of an absent object must be written");
+    };
+    assert_eq!(ops(&proxy), counted(&[("UpdateItem", 1)]));
+    let read = store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, &read.revision),
+        (FencingToken(7), b"one".to_vec(), &r1)
+    );
+    let unchecked = item().await.unwrap();
+    assert_eq!(
+        unchecked.get("fence"),
+        Some(&AttributeValue::N("7".to_owned()))
+    );
+
+    // A live term's checked put on the unchecked put's revision, then an unchecked put on the
+    // checked put's revision.
+    let backend: Arc<dyn LeaseBackend> = Arc::new(store.clone());
+    let key = LeaseKey::new("held").unwrap();
+    let mut a = client(&backend, &key, "a");
+    let fence = Fence::new(key.clone(), a.holder().clone(), acquire(&mut a).await.token);
+    let at_r1 = Expected::Revision(r1);
+    let put = FencedPut::new(&fence, &object, &at_r1, b"two");
+    let ObjectWrite::Written(r2) = store.put_fenced_if(put).await.unwrap() else {
+        panic!("a checked put on the unchecked put's revision must be written");
+    };
+    let checked = item().await.unwrap();
+    let names = |i: &HashMap<String, AttributeValue>| i.keys().cloned().collect::<BTreeSet<_>>();
+    assert_eq!(names(&checked), names(&unchecked));
+    let at_r2 = Expected::Revision(r2);
+    let put = FencedPut::new(&fence, &object, &at_r2, b"three").without_lease_check();
+    let ObjectWrite::Written(r3) = store.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put on the checked put's revision must be written");
+    };
+    let read = store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, read.revision),
+        (fence.token, b"three".to_vec(), r3)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

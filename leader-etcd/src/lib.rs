@@ -73,7 +73,9 @@
 //! - **Fenced writes** are transactions that compare the object's `mod_revision` (or its
 //!   absence) *and* that the lease key still exists with the writer's token as its create
 //!   revision: a deposed leader's write is refused with
-//!   [`Error::Fenced`](leader_core::Error) even before a new leader wrote the object.
+//!   [`Error::Fenced`](leader_core::Error) even before a new leader wrote the object. A put
+//!   [without the lease check](leader_core::backend::FencedPut::without_lease_check) compares
+//!   the object alone.
 //! - **Retries and timeouts.** Every call runs through the core's one retry loop
 //!   ([`leader_core::backend::Call`]), bounded by the elector's request timeout, and sends
 //!   that deadline to etcd (`grpc-timeout`). A transaction whose answer is lost is

@@ -455,6 +455,11 @@ impl FencedCas for EtcdStore {
         .transpose()
     }
 
+    /// One transaction: the object is as `put.expected` (created at 0 if absent, else
+    /// modified at the revision read) and, unless the put is
+    /// [without the lease check](FencedPut::without_lease_check), the fence's lease key is
+    /// its term's; then the object is put with the fence's token. Both kinds of put store the
+    /// same bytes.
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
         let lease_key = self.lease_key(&put.fence.key);
         let object_key = self.object_key(put.object);
@@ -469,18 +474,26 @@ impl FencedCas for EtcdStore {
         // The term is live exactly while its lease key exists with the create revision that is
         // its token and is attached to a lease: etcd deletes the key when the lease ends, and a
         // release detaches it.
+        let (compare, failure) = if put.lease_check {
+            (
+                vec![
+                    Compare::created_at(l, term),
+                    Compare::leased(l),
+                    object_as_read,
+                ],
+                vec![RequestOp::get(l)],
+            )
+        } else {
+            (vec![object_as_read], Vec::new())
+        };
         let txn = TxnRequest {
-            compare: vec![
-                Compare::created_at(l, term),
-                Compare::leased(l),
-                object_as_read,
-            ],
+            compare,
             success: vec![RequestOp::put(
                 o,
                 encode_fenced(put.fence.token, put.value),
                 0,
             )],
-            failure: vec![RequestOp::get(l)],
+            failure,
         };
         let answer = self.txn(&txn, "writing a protected object").await?;
         if answer.succeeded {
@@ -488,29 +501,39 @@ impl FencedCas for EtcdStore {
                 answer.revision().to_string(),
             )));
         }
-        let lease_kv = answer.range(0);
-        let found = lease_kv.map(|kv| kv.create_revision);
-        if found != Some(term) || lease_kv.is_some_and(|kv| kv.lease == 0) {
-            warn!(
-                object = %put.object,
-                token = %put.fence.token,
-                lease_token = %put.fence.lease_token(),
-                "fenced write refused: the term's lease has ended"
-            );
-            // A newer term's token is one of the object's series only when the fence has no
-            // separate lease term.
-            let newer = found
-                .and_then(|t| u64::try_from(t).ok())
-                .map(FencingToken)
-                .filter(|t| put.fence.lease_term.is_none() && *t > put.fence.token);
-            return Err(Error::Fenced {
-                object: put.object.to_string(),
-                presented: put.fence.token,
-                highest: newer,
-            });
+        if put.lease_check {
+            refused(&put, term, &answer)?;
         }
         Ok(ObjectWrite::Conflict)
     }
+}
+
+/// Why the transaction of a fenced put that checks the lease failed, from its failure branch
+/// (the lease key): [`Error::Fenced`] if the lease key is not the live term `term`, else `Ok`
+/// (the object was not as expected: a conflict).
+fn refused(put: &FencedPut<'_>, term: i64, answer: &TxnResponse) -> Result<(), Error> {
+    let lease_kv = answer.range(0);
+    let found = lease_kv.map(|kv| kv.create_revision);
+    if found == Some(term) && lease_kv.is_some_and(|kv| kv.lease != 0) {
+        return Ok(());
+    }
+    warn!(
+        object = %put.object,
+        token = %put.fence.token,
+        lease_token = %put.fence.lease_token(),
+        "fenced write refused: the term's lease has ended"
+    );
+    // A newer term's token is one of the object's series only when the fence has no separate
+    // lease term.
+    let newer = found
+        .and_then(|t| u64::try_from(t).ok())
+        .map(FencingToken)
+        .filter(|t| put.fence.lease_term.is_none() && *t > put.fence.token);
+    Err(Error::Fenced {
+        object: put.object.to_string(),
+        presented: put.fence.token,
+        highest: newer,
+    })
 }
 
 #[cfg(test)]

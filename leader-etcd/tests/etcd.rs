@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::backend::Fence;
+use leader_core::backend::{Expected, Fence, FencedCas, FencedPut, ObjectWrite, encode_fenced};
 use leader_core::{
     Acquisition, Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseClient, ObjectName,
     Renewal,
@@ -165,6 +165,62 @@ async fn fenced_writes_need_the_live_lease_key() {
     assert!(matches!(err, Error::Fenced { .. }), "{err}");
     let kept = store.fenced_read(&object).await.unwrap().unwrap();
     assert_eq!(kept.value, b"one");
+}
+
+/// A put without the lease check compares the object alone: where the same fence's checked
+/// put is refused (no lease key is held for it), it writes, the same bytes a checked put
+/// stores, and each kind of put goes on from the revision the other left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchecked_put_writes_where_the_checked_put_is_fenced() {
+    let p = Prefix::new();
+    let store = p.store().await;
+    let raw = support::raw().await;
+    let object = ObjectName::new("cas-record").unwrap();
+    let stored = || async { raw.get(&store.object_key(&object)).await.unwrap() };
+    let idle = Fence::new(p.unique_key(), HolderId::new("a").unwrap(), FencingToken(7));
+    let absent = Expected::Absent;
+    let err = store
+        .put_fenced_if(FencedPut::new(&idle, &object, &absent, b"one"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+    assert!(stored().await.is_none());
+
+    let put = FencedPut::new(&idle, &object, &absent, b"one").without_lease_check();
+    let ObjectWrite::Written(r1) = store.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put of an absent object must be written");
+    };
+    let raw_value = stored().await.unwrap().value;
+    assert_eq!(raw_value, encode_fenced(FencingToken(7), b"one"));
+    let read = store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, &read.revision),
+        (FencingToken(7), b"one".to_vec(), &r1)
+    );
+
+    // A live term's checked put on the unchecked put's revision, then an unchecked put on the
+    // checked put's revision.
+    let key = p.unique_key();
+    let mut a = client(&store, &key, "a");
+    let g = acquired(&mut a).await;
+    let fence = fence_of(&a, &g);
+    let at_r1 = Expected::Revision(r1);
+    let put = FencedPut::new(&fence, &object, &at_r1, b"two");
+    let ObjectWrite::Written(r2) = store.put_fenced_if(put).await.unwrap() else {
+        panic!("a checked put on the unchecked put's revision must be written");
+    };
+    let raw_value = stored().await.unwrap().value;
+    assert_eq!(raw_value, encode_fenced(g.token, b"two"));
+    let at_r2 = Expected::Revision(r2);
+    let put = FencedPut::new(&fence, &object, &at_r2, b"three").without_lease_check();
+    let ObjectWrite::Written(r3) = store.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put on the checked put's revision must be written");
+    };
+    let read = store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, read.revision),
+        (g.token, b"three".to_vec(), r3)
+    );
 }
 
 /// After a lost answer the core re-reads as the term: only the term's own etcd lease counts.

@@ -20,7 +20,8 @@ use leader_core::backend::{
     WriteRequest, call_deadline, decode_fenced, encode_fenced,
 };
 use leader_core::{
-    ConfigError, Error, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName, Timing,
+    ConfigError, Error, Fence, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName,
+    Timing,
 };
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -1027,18 +1028,23 @@ impl FencedCas for ZooKeeperStore {
     /// One multi through the shared session: check that the lease node still has the version
     /// just read (after checking that it is the fence's term's node: ephemeral, `czxid` =
     /// the fence's lease token), and create the object (expected absent) or set its data at
-    /// the expected version.
+    /// the expected version. A put [without the lease check](FencedPut::without_lease_check)
+    /// reads no lease node, and its multi is the object's write alone, with the same data.
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
         let lease = self.lease_path(&put.fence.key);
         let path = self.object_path(put.object);
-        let expected = match put.expected {
+        let version = match put.expected {
             Expected::Absent => None,
             Expected::Revision(r) => match parse_revision(r) {
-                Some(at) => Some(at),
+                Some((_, version)) => Some(version),
                 None => return Ok(ObjectWrite::Conflict),
             },
         };
-        let data = encode_fenced(put.fence.token, put.value);
+        let object = ObjectOp {
+            path: &path,
+            data: encode_fenced(put.fence.token, put.value),
+            version,
+        };
         let fenced = || Error::Fenced {
             object: put.object.to_string(),
             presented: put.fence.token,
@@ -1048,72 +1054,111 @@ impl FencedCas for ZooKeeperStore {
         let written = Call::write("writing the protected object")
             .run(|_| async {
                 let client = self.inner.shared.client().await?;
-                let read = Request::read("reading the lease node", &lease);
-                // Up to date with the ensemble's leader, so that the check below starts from
-                // the lease node as it is now, not as a lagging server last saw it. (The
-                // multi checks its version; a node recreated at the same version between the
-                // two is the one window left, and the object's fence still refuses a token
-                // below one that wrote it.)
-                client.sync(&lease).await.map_err(|e| map_error(e, read))?;
-                let stat = client
-                    .check_stat(&lease)
-                    .await
-                    .map_err(|e| map_error(e, read))?;
-                // The lease term's own token: a shard term's fence writes the shard's token,
-                // but its lease is the instance's membership.
-                let term = put.fence.lease_token();
-                let Some(stat) =
-                    stat.filter(|s| s.ephemeral_owner != 0 && token_of(s.czxid) == term)
-                else {
-                    return Ok(None);
-                };
-                let mut multi = client.new_multi_writer();
-                let added = multi
-                    .add_check_version(&lease, stat.version)
-                    .and_then(|()| match expected {
-                        None => multi.add_create(
-                            &path,
-                            &data,
-                            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
-                        ),
-                        Some((_, version)) => multi.add_set_data(&path, &data, Some(version)),
-                    });
-                added.map_err(|e| map_error(e, request))?;
-                match multi.commit().await {
-                    Ok(results) => Ok(Some(Ok(results))),
-                    Err(e) => {
-                        let (error, index) = multi_failure(e);
-                        match Class::of(&error) {
-                            Class::Throttled | Class::NotSent => Err(map_error(error, request)),
-                            _ => Ok(Some(Err((error, index)))),
-                        }
+                let checked = if put.lease_check {
+                    match lease_version(&client, &lease, put.fence).await? {
+                        Some(version) => Some((lease.as_str(), version)),
+                        None => return Ok(None),
                     }
-                }
+                } else {
+                    None
+                };
+                commit_object(&client, checked, &object, request)
+                    .await
+                    .map(Some)
             })
             .await?;
         let Some(written) = written else {
             return Err(fenced());
         };
+        // The object's operation in the multi: after the lease check, if there is one.
+        let at = usize::from(put.lease_check);
         match written {
             Ok(results) => {
-                let revision = match results.get(1) {
+                let revision = match results.get(at) {
                     Some(
                         MultiWriteResult::Create { stat, .. } | MultiWriteResult::SetData { stat },
                     ) if !stat.is_invalid() => object_revision(stat),
                     _ => {
                         let client = self.inner.shared.client().await?;
-                        created_revision(&client, &path, &data, true).await
+                        created_revision(&client, &path, &object.data, true).await
                     }
                 };
                 Ok(ObjectWrite::Written(revision))
             }
             // The lease node is gone: the fence's term is over.
-            Err((ZkError::NoNode, 0)) => Err(fenced()),
+            Err((ZkError::NoNode, 0)) if put.lease_check => Err(fenced()),
             // Renewed since the stat was read (or recreated): read and try again.
-            Err((ZkError::BadVersion, 0)) => Ok(ObjectWrite::Conflict),
-            Err((error, 1)) if Class::of(&error) == Class::Condition => Ok(ObjectWrite::Conflict),
-            Err((ZkError::NoNode, 1)) => Ok(ObjectWrite::Conflict),
+            Err((ZkError::BadVersion, 0)) if put.lease_check => Ok(ObjectWrite::Conflict),
+            Err((error, i)) if i == at && Class::of(&error) == Class::Condition => {
+                Ok(ObjectWrite::Conflict)
+            }
+            Err((ZkError::NoNode, i)) if i == at => Ok(ObjectWrite::Conflict),
             Err((error, _)) => Err(map_error(error, request)),
+        }
+    }
+}
+
+/// The write of a protected object's node: create it with `data` (`version` `None`: expected
+/// absent) or set its data at `version`.
+struct ObjectOp<'a> {
+    path: &'a str,
+    data: Vec<u8>,
+    version: Option<i32>,
+}
+
+/// The version of the lease node at `lease` if it is the node of `fence`'s lease term
+/// (ephemeral, `czxid` = the lease token), read up to date with the ensemble's leader; `None`
+/// if it is not (the term is over).
+async fn lease_version(client: &Client, lease: &str, fence: &Fence) -> Result<Option<i32>, Error> {
+    let read = Request::read("reading the lease node", lease);
+    // Up to date with the ensemble's leader, so that the check starts from the lease node as
+    // it is now, not as a lagging server last saw it. (The multi checks its version; a node
+    // recreated at the same version between the two is the one window left, and the object's
+    // fence still refuses a token below one that wrote it.)
+    client.sync(lease).await.map_err(|e| map_error(e, read))?;
+    let stat = client
+        .check_stat(lease)
+        .await
+        .map_err(|e| map_error(e, read))?;
+    // The lease term's own token: a shard term's fence writes the shard's token, but its
+    // lease is the instance's membership.
+    let term = fence.lease_token();
+    Ok(stat
+        .filter(|s| s.ephemeral_owner != 0 && token_of(s.czxid) == term)
+        .map(|s| s.version))
+}
+
+/// Commits one multi: a version check of the lease node (`lease`: its path and version), if
+/// given, then `object`'s write. A throttled or unsent multi is an error (the call may try it
+/// again); any other failure is the error and the index of the operation that failed.
+async fn commit_object(
+    client: &Client,
+    lease: Option<(&str, i32)>,
+    object: &ObjectOp<'_>,
+    request: Request<'_>,
+) -> Result<Result<Vec<MultiWriteResult>, (ZkError, usize)>, Error> {
+    let mut multi = client.new_multi_writer();
+    let checked = match lease {
+        Some((path, version)) => multi.add_check_version(path, version),
+        None => Ok(()),
+    };
+    let added = checked.and_then(|()| match object.version {
+        None => multi.add_create(
+            object.path,
+            &object.data,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        ),
+        Some(version) => multi.add_set_data(object.path, &object.data, Some(version)),
+    });
+    added.map_err(|e| map_error(e, request))?;
+    match multi.commit().await {
+        Ok(results) => Ok(Ok(results)),
+        Err(e) => {
+            let (error, index) = multi_failure(e);
+            match Class::of(&error) {
+                Class::Throttled | Class::NotSent => Err(map_error(error, request)),
+                _ => Ok(Err((error, index))),
+            }
         }
     }
 }

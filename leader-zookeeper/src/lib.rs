@@ -119,8 +119,10 @@
 //!   ephemeral, czxid = token; otherwise [`Error::Fenced`](leader_core::Error)) and the
 //!   object's create (expected absent) or `setData` at the expected version. A renew between
 //!   the two is a conflict, read again by the core's
-//!   [`FencedStore`](leader_core::FencedStore). (Deleting a protected object resets its
-//!   fence, as in every store.)
+//!   [`FencedStore`](leader_core::FencedStore). A put
+//!   [without the lease check](leader_core::backend::FencedPut::without_lease_check) reads no
+//!   lease node, and its multi is the object's write alone. (Deleting a protected object
+//!   resets its fence, as in every store.)
 //! - **Retries and timeouts.** Every call runs through the core's
 //!   [`Call`](leader_core::backend::Call) and ends by the call's deadline. Reads are retried
 //!   while the ensemble is unreachable; a conditional write is retried only if it was never

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leader_core::backend::{
-    Expected, FencedCas, FencedPut, LeaseRecord, LeaseState, Revision, TermId, WriteKind,
-    WriteNonce, WriteOutcome, WriteRequest,
+    Expected, FencedCas, FencedPut, LeaseRecord, LeaseState, ObjectWrite, Revision, TermId,
+    WriteKind, WriteNonce, WriteOutcome, WriteRequest, encode_fenced,
 };
 use leader_core::conformance::unique_key;
 use leader_core::{
@@ -631,6 +631,63 @@ async fn fenced_writes_check_the_lease_node() {
     ));
     let read = env.store.get_fenced(&object).await.unwrap().unwrap();
     assert_eq!((read.fence, read.value), (gb.token, b"from b".to_vec()));
+}
+
+/// A put without the lease check reads no lease node and its multi is the object's write
+/// alone: where the same fence's checked put is refused (no lease node), it writes, the same
+/// data a checked put stores, and each kind of put goes on from the revision the other left.
+#[tokio::test]
+async fn an_unchecked_put_writes_where_the_checked_put_is_fenced() {
+    let Some(env) = Env::new("unchecked").await else {
+        return;
+    };
+    let object = ObjectName::new("cas-record").unwrap();
+    let node = env.store.object_path(&object);
+    let idle = Fence::new(key(), HolderId::new("a").unwrap(), FencingToken(7));
+    let absent = Expected::Absent;
+    let err = env
+        .store
+        .put_fenced_if(FencedPut::new(&idle, &object, &absent, b"one"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+    assert!(env.raw.check_stat(&node).await.unwrap().is_none());
+
+    let put = FencedPut::new(&idle, &object, &absent, b"one").without_lease_check();
+    let ObjectWrite::Written(r1) = env.store.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put of an absent object must be written");
+    };
+    let (data, _) = env.raw.get_data(&node).await.unwrap();
+    assert_eq!(data, encode_fenced(FencingToken(7), b"one"));
+    let read = env.store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, &read.revision),
+        (FencingToken(7), b"one".to_vec(), &r1)
+    );
+
+    // A live term's checked put on the unchecked put's revision, then an unchecked put on the
+    // checked put's revision.
+    let key = key();
+    let mut a = env.client(&key, "a");
+    let fence = Fence::new(key.clone(), a.holder().clone(), acquire(&mut a).await.token);
+    let at_r1 = Expected::Revision(r1);
+    let put = FencedPut::new(&fence, &object, &at_r1, b"two");
+    let ObjectWrite::Written(r2) = env.store.put_fenced_if(put).await.unwrap() else {
+        panic!("a checked put on the unchecked put's revision must be written");
+    };
+    let (data, _) = env.raw.get_data(&node).await.unwrap();
+    assert_eq!(data, encode_fenced(fence.token, b"two"));
+    let at_r2 = Expected::Revision(r2);
+    let put = FencedPut::new(&fence, &object, &at_r2, b"three").without_lease_check();
+    let ObjectWrite::Written(r3) = env.store.put_fenced_if(put).await.unwrap() else {
+        panic!("an unchecked put on the checked put's revision must be written");
+    };
+    let read = env.store.get_fenced(&object).await.unwrap().unwrap();
+    assert_eq!(
+        (read.fence, read.value, read.revision),
+        (fence.token, b"three".to_vec(), r3)
+    );
+    assert!(a.release().await.unwrap());
 }
 
 /// A shard term's fence: the lease checked is the membership term (`lease_term`), the token
