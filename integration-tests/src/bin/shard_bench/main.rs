@@ -1,6 +1,7 @@
-//! The benchmark of sharded leadership: `shard_bench [parts=scale,fleet]
+//! The benchmark of sharded leadership: `shard_bench [parts=scale,fleet,members]
 //! [backends=azure,dynamo,gcs,etcd,zookeeper] [shards=1000] [procs=4] [scale_shards=10000]
 //! [scale_settle=20] [scale_window=60] [ttl=15] [settle=10] [window=60] [single_window=30]
+//! [sizes=4,16,64,128] [member_shards=1024] [members_window=60] [old=PATH] [old_label=TEXT]
 //! [out=FILE] [dir=DIR]`. Usually run by `scripts/shard_bench`, which builds it with
 //! `--release`, starts the emulators and writes `results/sharding.md`.
 //!
@@ -15,6 +16,14 @@
 //!   nothing changes hands, then the time to converge after one more process joins and after
 //!   one is SIGKILLed; then `procs` processes with one single-key elector per shard (a range
 //!   of keys each) and their store calls per hour, counted the same way ([`counted`]).
+//! - **members** (per fleet size in `sizes`, [`members_part`]): in one process per size and
+//!   scheme ([`members`]), that many instances on one shared in-memory store share
+//!   `member_shards` shards: each instance's store calls per hour (the coordinator's apart),
+//!   CPU and memory per instance, then the time to converge after a join, the crash of a
+//!   member and the crash of the coordinator; the same with one lease per shard (calls only);
+//!   and, if `old` names a `shard_bench` built from the first design (every member reads
+//!   every other; `old_label` names its commit), the same measurement with it, side by side.
+//!   Then the store bill of a 100-instance fleet at list prices.
 //!
 //! The tables go to stdout (markdown) and to `out` if given, progress to stderr. Exits 2 on a
 //! bad argument, 1 if a part could not be completed or the logs show a rule broken (the
@@ -28,28 +37,33 @@
 mod counted;
 mod fleet;
 mod member;
+mod members;
+mod members_part;
 mod scale;
 mod usage;
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use integration_tests::chaos::BackendKind;
 
 use fleet::{FleetReport, FleetSettings, Steady};
+use members_part::MembersSettings;
 use scale::Scale;
 
 /// What the command line asked for.
 struct Settings {
     run_scale: bool,
     run_fleet: bool,
+    run_members: bool,
     backends: Vec<BackendKind>,
     scale_shards: u32,
     scale_settle: Duration,
     scale_window: Duration,
     fleet: FleetSettings,
+    members: MembersSettings,
     out: Option<PathBuf>,
 }
 
@@ -74,6 +88,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
     let mut s = Settings {
         run_scale: true,
         run_fleet: true,
+        run_members: true,
         backends: vec![
             BackendKind::Azure,
             BackendKind::Dynamo,
@@ -94,6 +109,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
             dir: std::env::temp_dir().join(integration_tests::unique_name("shard-bench")),
             exe,
         },
+        members: MembersSettings {
+            sizes: vec![4, 16, 64, 128],
+            shards: 1024,
+            ttl: Duration::from_secs(15),
+            settle: Duration::from_secs(10),
+            window: Duration::from_secs(60),
+            old: None,
+            old_label: "the first design".to_owned(),
+        },
         out: None,
     };
     for arg in args {
@@ -104,11 +128,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
             "parts" => {
                 s.run_scale = false;
                 s.run_fleet = false;
+                s.run_members = false;
                 for part in value.split(',') {
                     match part {
                         "scale" => s.run_scale = true,
                         "fleet" => s.run_fleet = true,
-                        _ => return Err(format!("unknown part {part:?} (scale, fleet)")),
+                        "members" => s.run_members = true,
+                        _ => {
+                            return Err(format!("unknown part {part:?} (scale, fleet, members)"));
+                        }
                     }
                 }
             }
@@ -123,16 +151,44 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
             "scale_shards" => s.scale_shards = whole(name, value)?,
             "scale_settle" => s.scale_settle = seconds(name, value)?,
             "scale_window" => s.scale_window = seconds(name, value)?,
-            "ttl" => s.fleet.ttl = seconds(name, value)?,
-            "settle" => s.fleet.settle = seconds(name, value)?,
+            "ttl" => {
+                s.fleet.ttl = seconds(name, value)?;
+                s.members.ttl = s.fleet.ttl;
+            }
+            "settle" => {
+                s.fleet.settle = seconds(name, value)?;
+                s.members.settle = s.fleet.settle;
+            }
             "window" => s.fleet.window = seconds(name, value)?,
             "single_window" => s.fleet.single_window = seconds(name, value)?,
             "out" => s.out = Some(PathBuf::from(value)),
             "dir" => s.fleet.dir = PathBuf::from(value),
+            _ if members_arg(&mut s.members, name, value)? => {}
             _ => return Err(format!("unknown argument {name:?}")),
         }
     }
     Ok(s)
+}
+
+/// Reads an argument of the members part; `false` if `name` is none of them.
+fn members_arg(m: &mut MembersSettings, name: &str, value: &str) -> Result<bool, String> {
+    match name {
+        "sizes" => {
+            m.sizes = value
+                .split(',')
+                .map(|v| whole(name, v).map(|n| n as usize))
+                .collect::<Result<_, _>>()?;
+            if m.sizes.contains(&1) {
+                return Err("sizes: a fleet has at least 2 instances".to_owned());
+            }
+        }
+        "member_shards" => m.shards = whole(name, value)?,
+        "members_window" => m.window = seconds(name, value)?,
+        "old" => m.old = Some(PathBuf::from(value)),
+        "old_label" => m.old_label = value.to_owned(),
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn init_tracing() {
@@ -149,53 +205,79 @@ fn init_tracing() {
 async fn main() -> ExitCode {
     init_tracing();
     let mut args = std::env::args().skip(1).peekable();
-    match args.peek().map(String::as_str) {
+    let sub = args.peek().cloned();
+    match sub.as_deref() {
         Some("member") => {
             args.next();
-            let parsed = match member::MemberArgs::parse(args) {
-                Ok(a) => a,
-                Err(e) => {
-                    eprintln!("shard_bench member: {e}");
-                    return ExitCode::from(2);
+            member_process(args).await
+        }
+        Some("members") => {
+            args.next();
+            match members::MembersArgs::parse(args) {
+                Ok(a) => {
+                    let result = members::run(&a).await;
+                    println!("{}", serde_json::to_string(&result).unwrap_or_default());
+                    ExitCode::SUCCESS
                 }
-            };
-            return match member::run(parsed).await {
-                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    member::emit(&member::Line {
-                        ev: "error".to_owned(),
-                        t: integration_tests::chaos::mono_us(),
-                        msg: e.clone(),
-                        ..member::Line::default()
-                    });
-                    eprintln!("shard_bench member: {e}");
-                    ExitCode::FAILURE
+                    eprintln!("shard_bench members: {e}");
+                    ExitCode::from(2)
                 }
-            };
+            }
         }
         Some("scale") => {
             args.next();
-            let s = match parse_args(args) {
-                Ok(s) => s,
+            match parse_args(args) {
+                Ok(s) => {
+                    let result = scale::run(s.scale_shards, s.scale_settle, s.scale_window).await;
+                    println!("{}", serde_json::to_string(&result).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("shard_bench scale: {e}");
-                    return ExitCode::from(2);
+                    ExitCode::from(2)
                 }
-            };
-            let result = scale::run(s.scale_shards, s.scale_settle, s.scale_window).await;
-            println!("{}", serde_json::to_string(&result).unwrap_or_default());
-            return ExitCode::SUCCESS;
+            }
         }
-        _ => {}
+        _ => match parse_args(args) {
+            Ok(s) => run_parts(&s).await,
+            Err(e) => {
+                eprintln!("shard_bench: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
-    let s = match parse_args(args) {
-        Ok(s) => s,
+}
+
+/// `shard_bench member ...`: one process of a fleet.
+async fn member_process(args: impl IntoIterator<Item = String>) -> ExitCode {
+    let parsed = match member::MemberArgs::parse(args) {
+        Ok(a) => a,
         Err(e) => {
-            eprintln!("shard_bench: {e}");
+            eprintln!("shard_bench member: {e}");
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = std::fs::create_dir_all(&s.fleet.dir) {
+    match member::run(parsed).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            member::emit(&member::Line {
+                ev: "error".to_owned(),
+                t: integration_tests::chaos::mono_us(),
+                msg: e.clone(),
+                ..member::Line::default()
+            });
+            eprintln!("shard_bench member: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the parts asked for and writes the tables.
+async fn run_parts(s: &Settings) -> ExitCode {
+    if s.run_fleet
+        && let Err(e) = std::fs::create_dir_all(&s.fleet.dir)
+    {
         eprintln!("shard_bench: creating {:?}: {e}", s.fleet.dir);
         return ExitCode::FAILURE;
     }
@@ -207,7 +289,7 @@ async fn main() -> ExitCode {
             s.scale_settle.as_secs_f64(),
             s.scale_window.as_secs_f64()
         );
-        let result = run_scale(&s);
+        let result = run_scale(s);
         failed |= result.as_ref().map_or(true, |r| !r.error.is_empty());
         Some(result)
     } else {
@@ -227,8 +309,21 @@ async fn main() -> ExitCode {
             fleets.push(report);
         }
     }
-    let mut text = render(&s, scale.as_ref(), &fleets);
-    text.push_str(HOW_MEASURED);
+    let members = if s.run_members {
+        let results = members_part::run(&s.members, &s.fleet.exe);
+        failed |= members_part::failed(&results);
+        Some(results)
+    } else {
+        None
+    };
+    let mut text = render(s, scale.as_ref(), &fleets);
+    if s.run_scale || s.run_fleet {
+        text.push_str(HOW_MEASURED);
+        text.push('\n');
+    }
+    if let Some(results) = &members {
+        text.push_str(&members_part::render(&s.members, results));
+    }
     print!("{text}");
     if let Some(out) = &s.out
         && let Err(e) = std::fs::write(out, &text)
@@ -245,19 +340,28 @@ async fn main() -> ExitCode {
 
 /// Runs `shard_bench scale` in a process of its own (so that its memory is its own).
 fn run_scale(s: &Settings) -> Result<Scale, String> {
-    let output = Command::new(&s.fleet.exe)
-        .arg("scale")
-        .arg(format!("scale_shards={}", s.scale_shards))
-        .arg(format!("scale_settle={}", s.scale_settle.as_secs_f64()))
-        .arg(format!("scale_window={}", s.scale_window.as_secs_f64()))
+    let args = [
+        "scale".to_owned(),
+        format!("scale_shards={}", s.scale_shards),
+        format!("scale_settle={}", s.scale_settle.as_secs_f64()),
+        format!("scale_window={}", s.scale_window.as_secs_f64()),
+    ];
+    run_json(&s.fleet.exe, &args)
+}
+
+/// Runs `exe args...` (a part in a process of its own) and reads the JSON line it prints.
+fn run_json<T: serde::de::DeserializeOwned>(exe: &Path, args: &[String]) -> Result<T, String> {
+    let what = args.first().map_or("", String::as_str);
+    let output = Command::new(exe)
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("starting the scale run: {e}"))?;
+        .map_err(|e| format!("starting {} {what}: {e}", exe.display()))?;
     let text = String::from_utf8_lossy(&output.stdout);
     serde_json::from_str(text.trim()).map_err(|e| {
         format!(
-            "the scale run ({}) printed no result ({e}): {text:?}",
+            "the {what} run ({}) printed no result ({e}): {text:?}",
             output.status
         )
     })
@@ -320,97 +424,107 @@ fn per_hour(v: f64) -> String {
 fn render(s: &Settings, scale: Option<&Result<Scale, String>>, fleets: &[FleetReport]) -> String {
     let mut o = String::new();
     if let Some(scale) = scale {
-        let _ = writeln!(
-            o,
-            "## Scale: {} shards, one process, memory store\n",
-            s.scale_shards
-        );
-        match scale {
-            Err(e) => {
-                let _ = writeln!(o, "Not measured: {e}\n");
+        render_scale(&mut o, s, scale);
+    }
+    if !fleets.is_empty() {
+        render_fleet(&mut o, &s.fleet, fleets);
+        render_steady(&mut o, &s.fleet, fleets);
+    }
+    o
+}
+
+/// The scale part's table.
+fn render_scale(o: &mut String, s: &Settings, scale: &Result<Scale, String>) {
+    let _ = writeln!(
+        o,
+        "## Scale: {} shards, one process, memory store\n",
+        s.scale_shards
+    );
+    match scale {
+        Err(e) => {
+            let _ = writeln!(o, "Not measured: {e}\n");
+        }
+        Ok(r) => {
+            if !r.error.is_empty() {
+                let _ = writeln!(o, "Incomplete: {}\n", r.error);
             }
-            Ok(r) => {
-                if !r.error.is_empty() {
-                    let _ = writeln!(o, "Incomplete: {}\n", r.error);
-                }
-                let _ = writeln!(
-                    o,
-                    "Timing: the defaults (`{}`). Every term is taken by its own task and held \
-                     until it ends. Window: {:.1} s, after {:.0} s to settle.\n",
-                    r.timing, r.window_s, r.settle_s
-                );
-                let _ = writeln!(o, "| figure | measured | target |\n|---|---|---|");
-                let rows = [
-                    (
-                        "time to take all shards at start".to_owned(),
-                        format!(
-                            "{:.2} s ({:.2} s of CPU)",
-                            r.take_ms as f64 / 1000.0,
-                            r.take_cpu_ms as f64 / 1000.0
-                        ),
-                        "-".to_owned(),
+            let _ = writeln!(
+                o,
+                "Timing: the defaults (`{}`). Every term is taken by its own task and held \
+                 until it ends. Window: {:.1} s, after {:.0} s to settle.\n",
+                r.timing, r.window_s, r.settle_s
+            );
+            let _ = writeln!(o, "| figure | measured | target |\n|---|---|---|");
+            let rows = [
+                (
+                    "time to take all shards at start".to_owned(),
+                    format!(
+                        "{:.2} s ({:.2} s of CPU)",
+                        r.take_ms as f64 / 1000.0,
+                        r.take_cpu_ms as f64 / 1000.0
                     ),
-                    (
-                        "CPU, steady".to_owned(),
-                        format!("{:.2} % of one core", r.cpu_pct),
-                        "< 2 %".to_owned(),
+                    "-".to_owned(),
+                ),
+                (
+                    "CPU, steady".to_owned(),
+                    format!("{:.2} % of one core", r.cpu_pct),
+                    "< 2 %".to_owned(),
+                ),
+                (
+                    "RSS, steady (start / max / end of the window)".to_owned(),
+                    format!(
+                        "{} / {} / {} MiB",
+                        mib(r.rss_start_kib as f64),
+                        mib(r.rss_max_kib as f64),
+                        mib(r.rss_end_kib as f64)
                     ),
-                    (
-                        "RSS, steady (start / max / end of the window)".to_owned(),
-                        format!(
-                            "{} / {} / {} MiB",
-                            mib(r.rss_start_kib as f64),
-                            mib(r.rss_max_kib as f64),
-                            mib(r.rss_end_kib as f64)
-                        ),
-                        "< 64 MiB".to_owned(),
+                    "< 64 MiB".to_owned(),
+                ),
+                (
+                    "RSS, peak since the start (VmHWM)".to_owned(),
+                    format!("{} MiB", mib(r.peak_kib as f64)),
+                    "< 64 MiB".to_owned(),
+                ),
+                (
+                    "missed deadlines (terms ended at their deadline)".to_owned(),
+                    r.missed.to_string(),
+                    "0".to_owned(),
+                ),
+                (
+                    "terms ended otherwise, membership terms lost".to_owned(),
+                    format!("{}, {}", r.ended, r.lost_member),
+                    "0, 0".to_owned(),
+                ),
+                (
+                    "fewest shards led after the take".to_owned(),
+                    r.led_min.to_string(),
+                    r.shards.to_string(),
+                ),
+                (
+                    "store calls in the window, per hour".to_owned(),
+                    calls_summary(&r.calls, r.window_s),
+                    "-".to_owned(),
+                ),
+                (
+                    "shutdown (release every shard, then the membership)".to_owned(),
+                    format!(
+                        "{:.2} s, {} shard-record writes",
+                        r.shutdown_ms as f64 / 1000.0,
+                        r.shutdown_calls.put_fenced_if
                     ),
-                    (
-                        "RSS, peak since the start (VmHWM)".to_owned(),
-                        format!("{} MiB", mib(r.peak_kib as f64)),
-                        "< 64 MiB".to_owned(),
-                    ),
-                    (
-                        "missed deadlines (terms ended at their deadline)".to_owned(),
-                        r.missed.to_string(),
-                        "0".to_owned(),
-                    ),
-                    (
-                        "terms ended otherwise, membership terms lost".to_owned(),
-                        format!("{}, {}", r.ended, r.lost_member),
-                        "0, 0".to_owned(),
-                    ),
-                    (
-                        "fewest shards led after the take".to_owned(),
-                        r.led_min.to_string(),
-                        r.shards.to_string(),
-                    ),
-                    (
-                        "store calls in the window, per hour".to_owned(),
-                        calls_summary(&r.calls, r.window_s),
-                        "-".to_owned(),
-                    ),
-                    (
-                        "shutdown (release every shard, then the membership)".to_owned(),
-                        format!(
-                            "{:.2} s, {} shard-record writes",
-                            r.shutdown_ms as f64 / 1000.0,
-                            r.shutdown_calls.put_fenced_if
-                        ),
-                        "-".to_owned(),
-                    ),
-                ];
-                for (what, got, target) in rows {
-                    let _ = writeln!(o, "| {what} | {got} | {target} |");
-                }
-                o.push('\n');
+                    "-".to_owned(),
+                ),
+            ];
+            for (what, got, target) in rows {
+                let _ = writeln!(o, "| {what} | {got} | {target} |");
             }
+            o.push('\n');
         }
     }
-    if fleets.is_empty() {
-        return o;
-    }
-    let f = &s.fleet;
+}
+
+/// The fleet part's convergence table.
+fn render_fleet(o: &mut String, f: &FleetSettings, fleets: &[FleetReport]) {
     let _ = writeln!(
         o,
         "## {} shards over {} processes, per backend\n",
@@ -429,9 +543,10 @@ fn render(s: &Settings, scale: Option<&Result<Scale, String>>, fleets: &[FleetRe
     );
     let _ = writeln!(
         o,
-        "| backend | take all at start, s | 5th joins: converge, s | moved | SIGKILL of one: \
-         converge, s | moved | missed deadlines | memberships lost | log check |\n\
-         |---|---|---|---|---|---|---|---|---|"
+        "| backend | take all at start, s | process {} joins: converge, s | moved | SIGKILL of \
+         one: converge, s | moved | missed deadlines | memberships lost | log check |\n\
+         |---|---|---|---|---|---|---|---|---|",
+        f.procs + 1
     );
     for r in fleets {
         let conv = |c: &Option<fleet::Converged>| {
@@ -478,6 +593,10 @@ fn render(s: &Settings, scale: Option<&Result<Scale, String>>, fleets: &[FleetRe
             r.logs.display()
         );
     }
+}
+
+/// The fleet part's tables of store calls while nothing changes hands.
+fn render_steady(o: &mut String, f: &FleetSettings, fleets: &[FleetReport]) {
     let _ = writeln!(
         o,
         "\n## Store calls per hour of one instance while nothing changes hands\n\n\
@@ -547,7 +666,6 @@ fn render(s: &Settings, scale: Option<&Result<Scale, String>>, fleets: &[FleetRe
             r.single_lost,
         );
     }
-    o
 }
 
 fn steady_row(backend: &str, scheme: &str, st: &Steady) -> String {
