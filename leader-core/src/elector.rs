@@ -12,12 +12,14 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::{Changes, Fence, LeaseBackend};
 use crate::call::Backoff;
+use crate::campaign::Campaign;
 use crate::clock::Anchor;
 use crate::config::{ClockRate, Timing, TimingOverrides};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, ObservedLeader, Renewal};
 use crate::metrics::{ElectionMetrics, StoreContact, secs};
 use crate::model::{HolderId, LeaseKey, Metadata};
+use crate::quorum::{Quorum, QuorumClient};
 use crate::rand::Rng;
 use crate::term::{Term, TermDeadline, TermSlot, term_over};
 use crate::token::FencingToken;
@@ -110,7 +112,7 @@ impl Stopped {
 #[derive(Debug)]
 #[must_use]
 pub struct ElectorBuilder {
-    backend: Arc<dyn LeaseBackend>,
+    source: Source,
     key: LeaseKey,
     holder: Option<HolderId>,
     metadata: Metadata,
@@ -118,6 +120,15 @@ pub struct ElectorBuilder {
     set: TimingOverrides,
     seed: Option<u64>,
     clock: ClockRate,
+}
+
+/// Where an elector campaigns.
+#[derive(Debug)]
+enum Source {
+    /// One store's lease.
+    One(Arc<dyn LeaseBackend>),
+    /// A majority of independent stores.
+    Quorum(Quorum),
 }
 
 impl ElectorBuilder {
@@ -168,10 +179,23 @@ impl ElectorBuilder {
             });
         }
         let holder = self.holder.unwrap_or_else(HolderId::generate);
-        let metrics = ElectionMetrics::new(&self.key, &holder, &*self.backend);
-        let mut client = LeaseClient::new(self.backend, self.key, holder, timing)?
-            .with_clock(self.clock, self.seed.map(|s| s ^ 0x5eed));
-        client.set_metadata(self.metadata)?;
+        let seed = self.seed.map(|s| s ^ 0x5eed);
+        let (client, metrics): (Box<dyn Campaign>, _) = match self.source {
+            Source::One(backend) => {
+                let metrics = ElectionMetrics::new(&self.key, &holder, backend.name());
+                let mut client = LeaseClient::new(backend, self.key, holder, timing)?
+                    .with_clock(self.clock, seed);
+                client.set_metadata(self.metadata)?;
+                (Box::new(client), metrics)
+            }
+            Source::Quorum(quorum) => {
+                let metrics = ElectionMetrics::new(&self.key, &holder, "quorum");
+                let mut client = QuorumClient::new(&quorum, self.key, holder, timing)?
+                    .with_clock(self.clock, seed);
+                client.set_metadata(self.metadata)?;
+                (Box::new(client), metrics)
+            }
+        };
         Ok(Elector {
             client,
             metrics,
@@ -202,7 +226,7 @@ impl ElectorBuilder {
 ///   `retry_every` for followers and bounded by the deadline for the leader.
 #[derive(Debug)]
 pub struct Elector {
-    client: LeaseClient,
+    client: Box<dyn Campaign>,
     metrics: ElectionMetrics,
     timing: Timing,
     clock: ClockRate,
@@ -215,8 +239,21 @@ pub type ElectorTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 impl Elector {
     /// Starts configuring an elector for `key` on `backend`.
     pub fn builder(backend: Arc<dyn LeaseBackend>, key: LeaseKey) -> ElectorBuilder {
+        Self::with_source(Source::One(backend), key)
+    }
+
+    /// Starts configuring an elector for `key` over a majority of the stores of `quorum`:
+    /// it leads while a majority carries a live record of its term, so it survives the
+    /// outage of any minority of them (`docs/quorum.md`). Everything else is as for
+    /// [`builder`](Self::builder): the same timing, terms, fencing (with the quorum's token)
+    /// and handle.
+    pub fn quorum_builder(quorum: Quorum, key: LeaseKey) -> ElectorBuilder {
+        Self::with_source(Source::Quorum(quorum), key)
+    }
+
+    fn with_source(source: Source, key: LeaseKey) -> ElectorBuilder {
         ElectorBuilder {
-            backend,
+            source,
             key,
             holder: None,
             metadata: Metadata::new(),
@@ -532,7 +569,7 @@ enum LeadEnd {
 }
 
 struct Driver {
-    client: LeaseClient,
+    client: Box<dyn Campaign>,
     timing: Timing,
     clock: ClockRate,
     rng: Rng,
@@ -672,9 +709,8 @@ impl Driver {
             let next = match self.attempt().await {
                 Ok(Acquisition::Acquired(grant)) => {
                     let now = Instant::now();
-                    if let Some((stored, seen)) = self.client.replaced() {
-                        let (token, held) = (stored.record.token, stored.record.is_held());
-                        self.saw_term(token, held, seen, now);
+                    if let Some(seen) = self.client.replaced() {
+                        self.saw_term(seen.token, seen.held, seen.since, now);
                     }
                     self.saw_term(grant.token, true, now, now);
                     if self.shared.shutdown.is_cancelled() {
@@ -692,9 +728,8 @@ impl Driver {
                         failing = false;
                     }
                     backoff.reset();
-                    if let Some((stored, seen)) = self.client.observed() {
-                        let (token, held) = (stored.record.token, stored.record.is_held());
-                        self.saw_term(token, held, seen, Instant::now());
+                    if let Some(seen) = self.client.seen() {
+                        self.saw_term(seen.token, seen.held, seen.since, Instant::now());
                     }
                     self.shared.publish(Leadership::Follower { leader });
                     let wait = self.rng.duration(shortest, poll * 11 / 10);
@@ -731,16 +766,13 @@ impl Driver {
         if !cooling {
             return self.client.try_acquire().await;
         }
-        self.client.observe().await.map(|s| Acquisition::Following {
-            leader: s.and_then(|s| {
-                s.record.is_held().then_some(ObservedLeader {
-                    holder: s.record.holder,
-                    token: s.record.token,
-                    metadata: s.record.metadata,
-                })
-            }),
-            takeover_at: None,
-        })
+        self.client
+            .observe()
+            .await
+            .map(|leader| Acquisition::Following {
+                leader,
+                takeover_at: None,
+            })
     }
 
     /// Waits until `next`, or sooner if the store hints a change (not sooner than

@@ -251,6 +251,10 @@ pub enum ConfigError {
     /// A sharded election's shard count is out of range.
     #[error("invalid shard count: {0}")]
     InvalidShards(String),
+    /// An election over several stores is set up wrong (an even number of members, a member
+    /// named twice).
+    #[error("invalid quorum: {0}")]
+    InvalidQuorum(String),
     /// The backend does not support these settings (Azure: lease 15 to 60 s; GCS: at most one
     /// write per second to an object).
     #[error("{backend} does not support this setting: {reason}")]

@@ -158,7 +158,7 @@ impl LeaseClient {
     ) -> Result<Self, ConfigError> {
         timing.validate()?;
         backend.check_timing(&timing)?;
-        let metrics = StoreMetrics::new(count_as, &holder, &*backend);
+        let metrics = StoreMetrics::new(count_as, &holder, backend.name());
         Ok(Self {
             metrics,
             backend,

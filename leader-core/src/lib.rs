@@ -66,6 +66,7 @@
 
 pub mod backend;
 mod call;
+mod campaign;
 mod clock;
 mod config;
 mod elector;
@@ -76,6 +77,7 @@ mod lease;
 mod memory;
 pub mod metrics;
 mod model;
+pub mod quorum;
 mod rand;
 mod shard;
 mod term;

@@ -196,6 +196,12 @@ pub(crate) trait Answer {
 
 impl Answer for Option<Stored> {}
 impl Answer for IfChanged {}
+impl Answer for Option<crate::backend::FencedObject> {}
+impl Answer for crate::backend::ObjectWrite {
+    fn is_conflict(&self) -> bool {
+        matches!(self, crate::backend::ObjectWrite::Conflict)
+    }
+}
 impl Answer for WriteOutcome {
     fn is_conflict(&self) -> bool {
         matches!(self, WriteOutcome::Conflict { .. })
@@ -222,8 +228,9 @@ pub(crate) struct StoreMetrics {
 }
 
 impl StoreMetrics {
-    pub(crate) fn new(key: &LeaseKey, holder: &HolderId, backend: &dyn LeaseBackend) -> Self {
-        let base = labels(key, holder, backend.name());
+    /// The calls of one client of `key` as `holder` on `store` (the backend's name).
+    pub(crate) fn new(key: &LeaseKey, holder: &HolderId, store: &'static str) -> Self {
+        let base = labels(key, holder, store);
         let requests = Op::ALL.map(|op| {
             Outcome::ALL.map(|outcome| {
                 let mut l = base.clone();
@@ -296,6 +303,11 @@ impl std::fmt::Debug for StoreMetrics {
 pub struct StoreContact(Arc<Mutex<Option<Instant>>>);
 
 impl StoreContact {
+    /// Notes an answer now.
+    pub(crate) fn note(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
     /// When the store last answered one of the calls (a read, a write, or a refused
     /// condition; not an error or a timeout), on tokio's clock; `None` if it never has.
     pub fn last_answer(&self) -> Option<Instant> {
@@ -316,8 +328,9 @@ pub(crate) struct ElectionMetrics {
 }
 
 impl ElectionMetrics {
-    pub(crate) fn new(key: &LeaseKey, holder: &HolderId, backend: &dyn LeaseBackend) -> Self {
-        let l = labels(key, holder, backend.name());
+    /// The metrics of an election on `store` (the backend's name, or `quorum`).
+    pub(crate) fn new(key: &LeaseKey, holder: &HolderId, store: &'static str) -> Self {
+        let l = labels(key, holder, store);
         let m = Self {
             is_leader: ::metrics::gauge!(IS_LEADER, l.clone()),
             terms_started: ::metrics::counter!(TERMS_STARTED, l.clone()),

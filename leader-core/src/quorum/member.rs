@@ -1,0 +1,367 @@
+//! One member store of a quorum, as one candidate sees it: what it last read there and since
+//! when, its own last write there, and the calls (each bounded by the request timeout): read
+//! the term record and the token high-water mark, raise the mark, write a term record on a
+//! condition, and resolve a write whose answer was lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::record::{Names, Record};
+use crate::backend::{Expected, Fence, FencedCas, FencedObject, FencedPut, ObjectWrite, Revision};
+use crate::error::{Error, ErrorKind};
+use crate::metrics::{Op, StoreMetrics};
+use crate::model::{HolderId, LeaseKey, ObjectName};
+use crate::token::FencingToken;
+
+/// A record as a read found it.
+#[derive(Clone, Debug)]
+pub(crate) enum Found {
+    Absent,
+    Record {
+        record: Record,
+        token: u64,
+        revision: Revision,
+    },
+    /// Not a term record: never written over (an operator deletes it). What is wrong.
+    Damaged {
+        key: String,
+        detail: String,
+    },
+}
+
+/// What one member answered to a read.
+#[derive(Clone, Debug)]
+pub(crate) struct Answer {
+    pub(crate) found: Found,
+    /// The token high-water mark and its revision (`None`: absent), if it was read.
+    pub(crate) high: Option<Option<(u64, Revision)>>,
+    /// The member's identity, if it was read (created if absent).
+    pub(crate) id: Option<String>,
+    /// When the answer came.
+    pub(crate) at: Instant,
+}
+
+impl Answer {
+    /// The highest token this answer shows: the record's and the mark's.
+    pub(crate) fn top(&self) -> u64 {
+        let record = match &self.found {
+            Found::Record { token, .. } => *token,
+            _ => 0,
+        };
+        let high = self.mark().map_or(0, |(t, _)| t);
+        record.max(high)
+    }
+
+    /// The token mark as read, if it was read and exists.
+    pub(crate) fn mark(&self) -> Option<(u64, Revision)> {
+        self.high.clone().flatten()
+    }
+
+    /// Shows no history of the key at all: no record, and no mark (if the mark was read).
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self.found, Found::Absent) && matches!(self.high, Some(None))
+    }
+}
+
+/// The record last seen on a member, and since when (the local time of the first answer that
+/// showed its revision).
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub(crate) revision: Revision,
+    pub(crate) token: u64,
+    pub(crate) since: Instant,
+}
+
+/// This candidate's last acknowledged write on a member.
+#[derive(Clone, Debug)]
+pub(crate) struct Own {
+    pub(crate) revision: Revision,
+    /// The term it wrote.
+    pub(crate) term: String,
+    /// When the write was sent: with the ttl, the member's deadline for that term.
+    pub(crate) sent: Instant,
+    /// Held (or the release of the term).
+    pub(crate) held: bool,
+}
+
+/// A member store and what this candidate knows of it.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) name: String,
+    pub(crate) cas: Arc<dyn FencedCas>,
+    pub(crate) metrics: StoreMetrics,
+    pub(crate) seen: Option<Seen>,
+    pub(crate) own: Option<Own>,
+    pub(crate) id: Option<String>,
+}
+
+impl Member {
+    /// Notes what an answer showed: a new revision starts a new observation, the same one
+    /// keeps its first sight; a revision other than our last write means ours is no longer
+    /// the record there.
+    pub(crate) fn note(&mut self, answer: &Answer) {
+        match &answer.found {
+            Found::Record {
+                token, revision, ..
+            } => {
+                if self.seen.as_ref().is_none_or(|s| s.revision != *revision) {
+                    self.seen = Some(Seen {
+                        revision: revision.clone(),
+                        token: *token,
+                        since: answer.at,
+                    });
+                }
+                if self.own.as_ref().is_some_and(|o| o.revision != *revision) {
+                    self.own = None;
+                }
+            }
+            Found::Absent => {
+                self.seen = None;
+                self.own = None;
+            }
+            Found::Damaged { .. } => {
+                self.seen = None;
+                self.own = None;
+            }
+        }
+        if let Some(id) = &answer.id {
+            self.id = Some(id.clone());
+        }
+    }
+
+    /// Notes a write of ours that the member acknowledged.
+    pub(crate) fn wrote(&mut self, record: &Record, token: u64, revision: Revision, sent: Instant) {
+        let now = Instant::now();
+        self.seen = Some(Seen {
+            revision: revision.clone(),
+            token,
+            since: now,
+        });
+        self.own = Some(Own {
+            revision,
+            term: record.term.clone(),
+            sent,
+            held: record.is_held(),
+        });
+    }
+}
+
+/// The calls of one member, owned so that several run at once.
+#[derive(Clone, Debug)]
+pub(crate) struct Io {
+    pub(crate) name: String,
+    pub(crate) cas: Arc<dyn FencedCas>,
+    pub(crate) metrics: StoreMetrics,
+    pub(crate) names: Names,
+    pub(crate) fence: Fence,
+    pub(crate) timeout: Duration,
+    pub(crate) timeout_named: Duration,
+}
+
+/// What a conditional write of a term record came to.
+#[derive(Clone, Debug)]
+pub(crate) enum Wrote {
+    Written(Revision),
+    /// The record was not as expected: nothing written.
+    Conflict,
+    /// The store refused or failed it: nothing written, and it will not land.
+    Failed,
+    /// Not known: it may land later (conditional as ever).
+    Unknown,
+}
+
+impl Io {
+    pub(crate) fn for_member(
+        member: &Member,
+        names: &Names,
+        key: &LeaseKey,
+        holder: &HolderId,
+        timeout: Duration,
+        timeout_named: Duration,
+    ) -> Self {
+        Self {
+            name: member.name.clone(),
+            cas: member.cas.clone(),
+            metrics: member.metrics.clone(),
+            names: names.clone(),
+            fence: Fence::new(key.clone(), holder.clone(), FencingToken(0)),
+            timeout,
+            timeout_named,
+        }
+    }
+
+    async fn get(&self, op: Op, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.metrics
+            .call(op, self.timeout, self.cas.get_fenced(object))
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "reading a quorum member",
+                after: self.timeout_named,
+            })?
+    }
+
+    async fn put(
+        &self,
+        op: Op,
+        object: &ObjectName,
+        token: u64,
+        expected: &Expected,
+        value: &[u8],
+    ) -> Result<ObjectWrite, Error> {
+        let fence = Fence {
+            token: FencingToken(token),
+            ..self.fence.clone()
+        };
+        let put = FencedPut::new(&fence, object, expected, value).without_lease_check();
+        match self
+            .metrics
+            .call(op, self.timeout, self.cas.put_fenced_if(put))
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(Error::Indeterminate {
+                message: format!("a write to {object} on {} timed out", self.name),
+                source: None,
+            }),
+        }
+    }
+
+    /// Reads the term record, and the mark and the identity if asked (the identity is
+    /// created if absent).
+    pub(crate) async fn read(self, high: bool, id: bool) -> Result<Answer, Error> {
+        let found = match self.get(Op::Read, &self.names.record).await? {
+            None => Found::Absent,
+            Some(o) => match Record::decode(&self.names.record, &self.name, &o.value) {
+                Ok(record) => Found::Record {
+                    record,
+                    token: o.fence.get(),
+                    revision: o.revision,
+                },
+                Err(Error::MalformedRecord { key, detail }) => Found::Damaged { key, detail },
+                Err(e) => Found::Damaged {
+                    key: self.names.record.to_string(),
+                    detail: e.to_string(),
+                },
+            },
+        };
+        let high = if high {
+            let mark = self.get(Op::Read, &self.names.high).await?;
+            Some(mark.map(|o| (o.fence.get(), o.revision)))
+        } else {
+            None
+        };
+        let id = if id {
+            Some(self.identity().await?)
+        } else {
+            None
+        };
+        Ok(Answer {
+            found,
+            high,
+            id,
+            at: Instant::now(),
+        })
+    }
+
+    /// The member's identity: read, or drawn and written if there is none.
+    async fn identity(&self) -> Result<String, Error> {
+        for _ in 0..3 {
+            if let Some(o) = self.get(Op::Read, &self.names.id).await? {
+                return Ok(String::from_utf8_lossy(&o.value).into_owned());
+            }
+            let drawn = {
+                let mut rng = crate::rand::Rng::from_entropy();
+                super::record::term_id(rng.next_u64(), rng.next_u64())
+            };
+            match self
+                .put(
+                    Op::Acquire,
+                    &self.names.id,
+                    0,
+                    &Expected::Absent,
+                    drawn.as_bytes(),
+                )
+                .await
+            {
+                Ok(ObjectWrite::Written(_)) => return Ok(drawn),
+                Ok(ObjectWrite::Conflict) => {}
+                Err(e) if e.kind() == ErrorKind::Indeterminate => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::unavailable(format!(
+            "could not read or write the identity of quorum member {}",
+            self.name
+        )))
+    }
+
+    /// Raises the token mark to at least `token`, from `known` (as the round read it).
+    /// `Ok(false)` if it is already at or above `token` (another candidate raised it).
+    pub(crate) async fn raise(
+        &self,
+        token: u64,
+        known: Option<(u64, Revision)>,
+    ) -> Result<bool, Error> {
+        let mut known = known;
+        for _ in 0..3 {
+            if known.as_ref().is_some_and(|(t, _)| *t >= token) {
+                return Ok(false);
+            }
+            let expected = match &known {
+                Some((_, r)) => Expected::Revision(r.clone()),
+                None => Expected::Absent,
+            };
+            match self
+                .put(Op::Acquire, &self.names.high, token, &expected, b"")
+                .await
+            {
+                Ok(ObjectWrite::Written(_)) => return Ok(true),
+                Ok(ObjectWrite::Conflict) => {}
+                Err(e) if e.kind() == ErrorKind::Indeterminate => {}
+                Err(e) => return Err(e),
+            }
+            // Changed meanwhile, or not known: look again. A mark at `token` is ours or higher.
+            known = self
+                .get(Op::Read, &self.names.high)
+                .await?
+                .map(|o| (o.fence.get(), o.revision));
+            if known.as_ref().is_some_and(|(t, _)| *t == token) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Writes `record` with `token` on `expected`; a write whose answer was lost is resolved
+    /// by reading the record back (our bytes there: written).
+    pub(crate) async fn write(
+        &self,
+        op: Op,
+        record: &Record,
+        token: u64,
+        expected: &Expected,
+    ) -> Wrote {
+        let bytes = record.encode();
+        match self
+            .put(op, &self.names.record, token, expected, &bytes)
+            .await
+        {
+            Ok(ObjectWrite::Written(revision)) => Wrote::Written(revision),
+            Ok(ObjectWrite::Conflict) => Wrote::Conflict,
+            Err(e) if e.kind() != ErrorKind::Indeterminate => {
+                debug!(member = %self.name, error = %e, "a term write failed");
+                Wrote::Failed
+            }
+            Err(e) => {
+                debug!(member = %self.name, error = %e, "a term write's outcome is unknown; re-reading");
+                match self.get(Op::Read, &self.names.record).await {
+                    Ok(Some(o)) if o.value == bytes => Wrote::Written(o.revision),
+                    _ => Wrote::Unknown,
+                }
+            }
+        }
+    }
+}
