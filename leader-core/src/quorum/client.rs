@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::member::{Answer, Found, Io, Member, Wrote};
 use super::record::{Names, Record, State, members_hash, term_id};
-use super::{Quorum, join_all};
+use super::{Quorum, QuorumFlaw, join_all};
 use crate::backend::{Changes, Expected};
 use crate::campaign::{Campaign, SeenTerm};
 use crate::config::{ClockRate, Timing};
@@ -149,6 +149,7 @@ pub(crate) struct QuorumClient {
     not_before: Option<Instant>,
     seen: Option<SeenTerm>,
     replaced: Option<SeenTerm>,
+    flaw: QuorumFlaw,
 }
 
 impl QuorumClient {
@@ -192,7 +193,14 @@ impl QuorumClient {
             not_before: None,
             seen: None,
             replaced: None,
+            flaw: quorum.flaw(),
         })
+    }
+
+    /// Whether the simulation planted `flaw`. A constant false without the `simulation`
+    /// feature, so the optimiser drops the flawed branches.
+    fn planted(&self, flaw: QuorumFlaw) -> bool {
+        cfg!(feature = "simulation") && self.flaw == flaw
     }
 
     pub(crate) fn set_metadata(&mut self, metadata: Metadata) -> Result<(), ConfigError> {
@@ -256,6 +264,9 @@ impl QuorumClient {
             .map(|o| o.sent + validity)
             .collect();
         ends.sort_unstable_by(|a, b| b.cmp(a));
+        if self.planted(QuorumFlaw::DeadlineFromLargest) {
+            return ends.first().copied();
+        }
         ends.get(self.majority - 1).copied()
     }
 
@@ -347,10 +358,12 @@ impl QuorumClient {
         let member = &self.members[j];
         match &answer.found {
             Found::Damaged { .. } => Verdict::Unknown,
-            Found::Absent if round.brand_new() => Verdict::Free {
-                expected: Expected::Absent,
-                token: 0,
-            },
+            Found::Absent if round.brand_new() || self.planted(QuorumFlaw::AbsentTakenAtOnce) => {
+                Verdict::Free {
+                    expected: Expected::Absent,
+                    token: 0,
+                }
+            }
             Found::Absent => Verdict::Repair,
             Found::Record {
                 record,
@@ -374,7 +387,12 @@ impl QuorumClient {
                 // work has stopped.
                 if ours && !record.is_held() {
                     let (same, higher) = round.released(&record.term, *token);
-                    if same >= self.majority && !higher {
+                    let needed = if self.planted(QuorumFlaw::ReleasedByMinority) {
+                        1
+                    } else {
+                        self.majority
+                    };
+                    if same >= needed && !higher {
                         return free;
                     }
                 }
@@ -514,19 +532,20 @@ impl QuorumClient {
         round: &Round,
         free: Vec<(usize, Expected)>,
     ) -> Result<Acquisition, Error> {
-        let token = self
-            .highest
-            .max(round.top())
-            .checked_add(1)
-            .ok_or_else(|| Error::InvalidConfig {
-                message: format!(
-                    "the quorum token of {} reached u64::MAX; delete the key's records and \
+        let floor = if self.planted(QuorumFlaw::TokenFromOne) {
+            round.answers.iter().flatten().next().map_or(0, Answer::top)
+        } else {
+            self.highest.max(round.top())
+        };
+        let token = floor.checked_add(1).ok_or_else(|| Error::InvalidConfig {
+            message: format!(
+                "the quorum token of {} reached u64::MAX; delete the key's records and \
                      marks on every member",
-                    self.key
-                ),
-                source: None,
-            })?;
-        self.highest = token;
+                self.key
+            ),
+            source: None,
+        })?;
+        self.highest = self.highest.max(token);
         let term = term_id(self.rng.next_u64(), self.rng.next_u64());
         let record = self.record(&term, State::Held);
         let mut won = Vec::new();
@@ -829,9 +848,16 @@ mod renew {
                     .own
                     .as_ref()
                     .map(|o| Expected::Revision(o.revision.clone()));
+                let blind = j == 0 && c.planted(QuorumFlaw::BlindRenew);
                 let (record, is_live) = (record.clone(), live[j]);
                 async move {
-                    if let (true, Some(expected)) = (is_live, expected) {
+                    let expected = if blind {
+                        // The planted flaw: on whatever revision is there now.
+                        io.current().await.or(expected)
+                    } else {
+                        expected
+                    };
+                    if let (true, Some(expected)) = (is_live || blind, expected) {
                         let sent = Instant::now();
                         Ok((
                             io.write(Op::Renew, &record, held.token, &expected).await,

@@ -335,6 +335,15 @@ impl Io {
         Ok(false)
     }
 
+    /// The condition that matches the record as it is now (for the planted blind renew).
+    pub(crate) async fn current(&self) -> Option<Expected> {
+        match self.get(Op::Read, &self.names.record).await {
+            Ok(Some(o)) => Some(Expected::Revision(o.revision)),
+            Ok(None) => Some(Expected::Absent),
+            Err(_) => None,
+        }
+    }
+
     /// Writes `record` with `token` on `expected`; a write whose answer was lost is resolved
     /// by reading the record back (our bytes there: written).
     pub(crate) async fn write(

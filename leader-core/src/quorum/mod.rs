@@ -41,6 +41,7 @@
 //! ```
 
 mod client;
+pub(crate) mod flaw;
 mod member;
 mod record;
 
@@ -55,6 +56,7 @@ use crate::model::ObjectName;
 use crate::shard::ShardStore;
 
 pub(crate) use client::QuorumClient;
+use flaw::QuorumFlaw;
 
 /// The most members a quorum may have.
 pub const MAX_MEMBERS: usize = 9;
@@ -118,6 +120,7 @@ impl fmt::Debug for QuorumMember {
 #[derive(Clone, Debug)]
 pub struct Quorum {
     members: Vec<QuorumMember>,
+    flaw: QuorumFlaw,
 }
 
 impl Quorum {
@@ -143,7 +146,29 @@ impl Quorum {
                 )));
             }
         }
-        Ok(Self { members })
+        Ok(Self {
+            members,
+            flaw: QuorumFlaw::None,
+        })
+    }
+
+    /// Simulation only: the quorum of `members` without the checks of [`new`](Self::new)
+    /// (an even number, for a negative control).
+    #[cfg(feature = "simulation")]
+    pub fn unchecked(members: Vec<QuorumMember>) -> Self {
+        Self {
+            members,
+            flaw: QuorumFlaw::None,
+        }
+    }
+
+    /// Simulation only: plant a flaw in every candidate built on this quorum, to show that
+    /// the checkers catch it.
+    #[cfg(feature = "simulation")]
+    #[must_use]
+    pub fn with_flaw(mut self, flaw: QuorumFlaw) -> Self {
+        self.flaw = flaw;
+        self
     }
 
     /// The members, in the order given.
@@ -153,7 +178,15 @@ impl Quorum {
 
     /// How many members a term needs: a majority.
     pub fn majority(&self) -> usize {
-        self.members.len() / 2 + 1
+        match self.flaw {
+            QuorumFlaw::MajorityOfOne if cfg!(feature = "simulation") => 1,
+            QuorumFlaw::EvenHalves if cfg!(feature = "simulation") => self.members.len() / 2,
+            _ => self.members.len() / 2 + 1,
+        }
+    }
+
+    pub(crate) fn flaw(&self) -> QuorumFlaw {
+        self.flaw
     }
 
     fn first(&self) -> Arc<dyn FencedCas> {

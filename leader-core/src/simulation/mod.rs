@@ -42,6 +42,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
+pub use crate::quorum::flaw::QuorumFlaw;
 pub use crate::shard::ShardFlaw;
 pub use check::{
     Gap, Span, check_fencing, check_liveness, check_one_leader, check_tokens, liveness_bound, spans,
