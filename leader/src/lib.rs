@@ -65,6 +65,9 @@ use std::sync::Arc;
 
 use backend::FencedCas;
 
+mod quorum_open;
+pub use quorum_open::quorum_from_urls;
+
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "azure")]
 pub use leader_azure as azure;

@@ -44,6 +44,7 @@ mod client;
 pub(crate) mod flaw;
 mod member;
 mod record;
+mod status;
 
 use std::fmt;
 use std::sync::Arc;
@@ -57,6 +58,7 @@ use crate::shard::ShardStore;
 
 pub(crate) use client::QuorumClient;
 use flaw::QuorumFlaw;
+pub use status::{MemberView, QuorumStatus, read_status};
 
 /// The most members a quorum may have.
 pub const MAX_MEMBERS: usize = 9;
@@ -131,21 +133,8 @@ impl Quorum {
     /// survives no more outages than 2 of 3, and two halves could each count 2), fewer than 3
     /// or more than [`MAX_MEMBERS`], or a name given twice.
     pub fn new(members: Vec<QuorumMember>) -> Result<Self, ConfigError> {
-        let n = members.len();
-        if !(3..=MAX_MEMBERS).contains(&n) || n.is_multiple_of(2) {
-            return Err(ConfigError::InvalidQuorum(format!(
-                "{n} members; an election over a quorum needs an odd number from 3 to \
-                 {MAX_MEMBERS} (3 survives the loss of any one store, 5 of any two)"
-            )));
-        }
-        for (i, m) in members.iter().enumerate() {
-            if members[..i].iter().any(|o| o.name == m.name) {
-                return Err(ConfigError::InvalidQuorum(format!(
-                    "the member {} is given twice; each store may count once",
-                    m.name
-                )));
-            }
-        }
+        let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
+        Self::check_names(&names)?;
         Ok(Self {
             members,
             flaw: QuorumFlaw::None,
@@ -169,6 +158,28 @@ impl Quorum {
     pub fn with_flaw(mut self, flaw: QuorumFlaw) -> Self {
         self.flaw = flaw;
         self
+    }
+
+    /// Checks a quorum's member names as [`new`](Self::new) does, before any store is opened.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn check_names(names: &[String]) -> Result<(), ConfigError> {
+        let n = names.len();
+        if !(3..=MAX_MEMBERS).contains(&n) || n.is_multiple_of(2) {
+            return Err(ConfigError::InvalidQuorum(format!(
+                "{n} members; an election over a quorum needs an odd number from 3 to \
+                 {MAX_MEMBERS} (3 survives the loss of any one store, 5 of any two)"
+            )));
+        }
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return Err(ConfigError::InvalidQuorum(format!(
+                    "the member {name} is given twice; each store may count once"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The members, in the order given.
