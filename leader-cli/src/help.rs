@@ -89,7 +89,7 @@ Signals:
 Environment of the command:
   LEADER_FENCING_TOKEN  the term's fencing token (pass it to the protected resource)
   LEADER_HOLDER_ID      this instance's id     LEADER_KEY      the lease key
-  LEADER_STORE          the store URL          LEADER_TTL_MS   the lease duration, in ms
+  LEADER_STORE          the store URL(s)       LEADER_TTL_MS   the lease duration, in ms
   LEADER_GRACE_MS       time between the stop signal and SIGKILL, in ms
   LEADER_SHARD          with --shards: the shard, 0 to N-1 (LEADER_FENCING_TOKEN is its token)
   LEADER_SHARDS         with --shards: N
@@ -107,6 +107,17 @@ Sharded runs (--shards N):
   do not apply (64); another N than the key's instances use is refused (78). Exit codes:
   128+N, 69, 78 as below, never a command's own. The shards are not in `leader status` but
   in `leader status --shards`.
+
+Quorum (--store given 3 or 5 times):
+  One leader over a majority of independent stores, each named by its URL (every URL ends
+  with the same key; give every instance the same URLs). The term lives while a majority
+  carries it: the outage of any minority of the stores costs nothing (no failover, no stop),
+  the outage of a majority ends the term by its deadline. LEADER_FENCING_TOKEN is the
+  quorum's token; LEADER_STORE holds the URLs, space-separated. Not with --shards or
+  --endpoint (each store's endpoint comes from its own environment, or --emulator). An even
+  number of stores, one given twice, or one store under two names is refused (64, 78). The
+  stores must be durable and independent (no replication between them, no shared account or
+  region), and never restored in place from a backup: docs/quorum.md.
 
 Logging: LEADER_LOG sets the filter (tracing syntax, e.g. `warn`, `leader_core=debug`, or
   `debug` for everything, the SDKs included). The default is `info` for leader's own lines and
@@ -135,12 +146,14 @@ Exit codes:
 pub(crate) const STATUS: &str = concat!(
     "\
 Exit codes:
-  0    the record was read (whoever holds it, or nobody)
+  0    the record was read (whoever holds it, or nobody); with several --store, a majority
+       of them answered (each member's record is printed, and the term a majority carries)
   64   bad arguments, malformed store URL, unknown scheme, backend not compiled in, an
        --interval outside 50ms..1h
   69   the store cannot be read: unreachable, throttling or too slow (a single status is
        not retried), a missing folder, container, table or bucket, rejected credentials,
-       permission denied, a malformed record
+       permission denied, a malformed record; with several --store, fewer than a majority
+       answered
   74   --watch: stdout cannot be written (a full disk; a closed pipe exits 0)
   78   configuration error: an invalid store setting, a record path that is a folder
   leader status --watch exits 0 when stopped by SIGINT, SIGTERM or SIGHUP or when its reader

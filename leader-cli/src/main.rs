@@ -7,6 +7,7 @@ mod demo;
 mod endpoints;
 mod help;
 mod process_tree;
+mod quorum;
 mod run;
 mod signals;
 mod status;

@@ -21,9 +21,11 @@ const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
-    /// Where the lease lives (see "Stores" below).
-    #[arg(long, env = "LEADER_STORE")]
-    store: String,
+    /// Where the lease lives (see "Stores" below). Given 3 or 5 times (or as space-separated
+    /// URLs in LEADER_STORE): an election over a quorum of stores; prints each member's
+    /// record and the term a majority carries, and exits 69 if fewer than a majority answered.
+    #[arg(long, env = "LEADER_STORE", value_delimiter = ' ', required = true)]
+    store: Vec<String>,
     #[command(flatten)]
     store_options: store::StoreOptions,
     /// The key is sharded (`leader run --shards`): print its members, the shards each claims
@@ -68,7 +70,10 @@ pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
             ),
         ));
     }
-    let url = store::parse(&args.store)?;
+    if let [_, _, ..] = args.store.as_slice() {
+        return quorum_status(&args).await;
+    }
+    let url = store::parse(&args.store[0])?;
     if args.watch {
         // From the start: a stop while the store opens ends the watch as documented (0).
         let mut stop = StopSignals::new()?;
@@ -117,6 +122,57 @@ pub(crate) async fn run(args: StatusArgs) -> Result<u8, Exit> {
         }
     }
     Ok(0)
+}
+
+/// `leader status` over several stores: once, or (`--watch`) a view per change.
+async fn quorum_status(args: &StatusArgs) -> Result<u8, Exit> {
+    if args.shards {
+        return Err(Exit::new(
+            exit::USAGE,
+            "--shards reads one store; an election over several stores leads one key".to_owned(),
+        ));
+    }
+    let timeout = leader::Timing::from_ttl(leader::Timing::DEFAULT_TTL).request_timeout;
+    if !args.watch {
+        return crate::quorum::status(&args.store, &args.store_options, args.json, timeout).await;
+    }
+    let mut stop = StopSignals::new()?;
+    let (quorum, key) = tokio::select! {
+        biased;
+        () = stop.recv() => return Ok(0),
+        opened = crate::quorum::open(&args.store, &args.store_options) => opened?,
+    };
+    let mut last = None;
+    loop {
+        let status = leader::quorum::read_status(&quorum, &key, timeout)
+            .await
+            .map_err(|e| store::unavailable(&e))?;
+        let at_ms = wall_clock_unix_ms();
+        let mut value = crate::quorum::status_json(&status, at_ms);
+        if let Some(o) = value.as_object_mut() {
+            o.remove("at_unix_ms");
+        }
+        if last.as_ref() != Some(&value) {
+            last = Some(value);
+            let text = if args.json {
+                format!("{}\n", crate::quorum::status_json(&status, at_ms))
+            } else {
+                format!(
+                    "{} {}",
+                    timestamp(at_ms),
+                    crate::quorum::status_text(&status)
+                )
+            };
+            if !emit(&text)? {
+                return Ok(0);
+            }
+        }
+        tokio::select! {
+            biased;
+            () = stop.recv() => return Ok(0),
+            () = tokio::time::sleep(args.interval) => {}
+        }
+    }
 }
 
 /// The number of shards if `key` has no record of its own but is a sharded key (so that

@@ -30,6 +30,19 @@ pub(crate) struct StoreOptions {
 
 pub(crate) use leader::StoreUrl;
 
+impl StoreOptions {
+    /// The library's options for these flags.
+    pub(crate) fn open_options(&self) -> leader::OpenOptions {
+        let mut open = leader::OpenOptions::new()
+            .with_emulator(self.emulator)
+            .with_create_if_missing(self.create_if_missing);
+        if let Some(endpoint) = &self.endpoint {
+            open = open.with_endpoint(endpoint.clone());
+        }
+        open
+    }
+}
+
 /// Parses the store URL (a malformed one is a usage error).
 pub(crate) fn parse(url: &str) -> Result<StoreUrl, Exit> {
     StoreUrl::parse(url).map_err(|e| Exit::new(exit::USAGE, e.to_string()))
@@ -41,13 +54,7 @@ pub(crate) async fn open(
     url: &StoreUrl,
     options: &StoreOptions,
 ) -> Result<(Arc<dyn Store>, LeaseKey), Exit> {
-    let mut open = leader::OpenOptions::new()
-        .with_emulator(options.emulator)
-        .with_create_if_missing(options.create_if_missing);
-    if let Some(endpoint) = &options.endpoint {
-        open = open.with_endpoint(endpoint.clone());
-    }
-    let store = leader::open(url, &open)
+    let store = leader::open(url, &options.open_options())
         .await
         .map_err(|e| unavailable(&e))?;
     Ok((store, url.key().clone()))

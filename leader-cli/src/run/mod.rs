@@ -23,9 +23,11 @@ use crate::{Exit, endpoints, exit, store};
 pub(crate) struct RunArgs {
     /// Where the lease lives: file:///DIR/KEY, azblob://CONTAINER/[FOLDER/]KEY,
     /// dynamodb://TABLE/KEY, gs://BUCKET/[FOLDER/]KEY, etcd://HOST:PORT[,...]/[FOLDER/]KEY,
-    /// zk://HOST:PORT[,...]/[PATH/]KEY (see "Stores" below).
-    #[arg(long, env = "LEADER_STORE")]
-    pub(crate) store: String,
+    /// zk://HOST:PORT[,...]/[PATH/]KEY (see "Stores" below). Given 3 or 5 times (or as
+    /// space-separated URLs in LEADER_STORE): one leader over a majority of independent
+    /// stores, which survives the outage of any minority of them (see "Quorum" below).
+    #[arg(long, env = "LEADER_STORE", value_delimiter = ' ', required = true)]
+    pub(crate) store: Vec<String>,
     #[command(flatten)]
     pub(crate) store_options: store::StoreOptions,
     /// Lease duration.
@@ -193,15 +195,36 @@ pub(crate) fn config_error(e: ConfigError) -> Exit {
     Exit::new(exit::CONFIG, e.to_string())
 }
 
+impl RunArgs {
+    /// The store flags as one text (for logs and the command's LEADER_STORE).
+    pub(crate) fn store_text(&self) -> String {
+        self.store.join(" ")
+    }
+}
+
 pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, Exit> {
     if args.shards.is_some() {
         check_sharded_flags(&args)?;
     }
-    let url = store::parse(&args.store)?;
+    let source = match args.store.as_slice() {
+        [one] => single::Source::One(store::parse(one)?),
+        several => {
+            if args.shards.is_some() {
+                return Err(Exit::new(
+                    exit::USAGE,
+                    "--shards works on one store; an election over several stores leads one \
+                     key"
+                    .to_owned(),
+                ));
+            }
+            let (quorum, key) = crate::quorum::open(several, &args.store_options).await?;
+            single::Source::Quorum(quorum, key)
+        }
+    };
     let plan = plan(&args, log_format).await?;
-    match args.shards {
-        Some(shards) => sharded::run(&args, &url, shards, plan).await,
-        None => single::run(&args, &url, plan).await,
+    match (args.shards, source) {
+        (Some(shards), single::Source::One(url)) => sharded::run(&args, &url, shards, plan).await,
+        (_, source) => single::run(&args, source, plan).await,
     }
 }
 

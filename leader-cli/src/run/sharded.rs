@@ -106,7 +106,7 @@ async fn join(
     }
     let ctx = Arc::new(Ctx {
         command: args.command.clone(),
-        store: args.store.clone(),
+        store: args.store_text(),
         log_format: plan.log_format,
         timing,
         grace: plan.grace,
@@ -115,7 +115,7 @@ async fn join(
         shards: Some(shards),
     });
     info!(
-        store = %args.store, holder = %ctx.holder, shards, ttl = ?timing.ttl,
+        store = %args.store_text(), holder = %ctx.holder, shards, ttl = ?timing.ttl,
         grace = ?plan.grace, "joining the sharded key"
     );
     Ok((handle, ctx, signals))

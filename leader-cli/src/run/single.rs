@@ -1,7 +1,8 @@
 //! `leader run` on one lease: campaign, run the command in each term this instance wins (one
 //! term with `--supervise`'s loop, or just one), and release when it is done.
 
-use leader::{Elector, ElectorHandle, Leadership, Term};
+use leader::quorum::Quorum;
+use leader::{Elector, ElectorHandle, Leadership, LeaseKey, Term};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -12,23 +13,43 @@ use crate::store::{self, StoreUrl};
 use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
 use crate::{Exit, endpoints, exit};
 
-pub(super) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8, Exit> {
-    let (backend, key) = store::open(url, &args.store_options).await?;
-    let mut builder = Elector::builder(backend.clone(), key.clone())
-        .timing(plan.timing)
-        .metadata(plan.metadata.clone());
-    if let Some(holder) = plan.holder {
+/// Where `leader run` campaigns: one store, or a majority of several.
+pub(crate) enum Source {
+    One(StoreUrl),
+    Quorum(Quorum, LeaseKey),
+}
+
+/// Opens the store (or takes the quorum) and builds the elector; the first read of one
+/// store.
+async fn elector(args: &RunArgs, source: Source, plan: &Plan) -> Result<(Elector, LeaseKey), Exit> {
+    let (builder, key, backend) = match source {
+        Source::One(url) => {
+            let (backend, key) = store::open(&url, &args.store_options).await?;
+            let builder = Elector::builder(backend.clone(), key.clone());
+            (builder, key, Some(backend))
+        }
+        Source::Quorum(quorum, key) => (Elector::quorum_builder(quorum, key.clone()), key, None),
+    };
+    let mut builder = builder.timing(plan.timing).metadata(plan.metadata.clone());
+    if let Some(holder) = plan.holder.clone() {
         builder = builder.holder_id(holder);
     }
     let elector = builder.build().map_err(config_error)?;
+    if let Some(backend) = backend {
+        first_read(
+            elector.timing(),
+            ("campaigning", "the lease record"),
+            backend.read(&key),
+        )
+        .await?;
+    }
+    Ok((elector, key))
+}
+
+pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8, Exit> {
+    let (elector, key) = elector(args, source, &plan).await?;
     let timing = *elector.timing();
     become_subreaper()?;
-    first_read(
-        &timing,
-        ("campaigning", "the lease record"),
-        backend.read(&key),
-    )
-    .await?;
 
     let mut signals = Signals::new()?;
     let handle = elector.spawn();
@@ -46,7 +67,7 @@ pub(super) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8
         };
         endpoints::serve(e.listener, e.prometheus, instance);
     }
-    info!(store = %args.store, holder = %holder, ttl = ?timing.ttl, grace = ?plan.grace, "campaigning");
+    info!(store = %args.store_text(), holder = %holder, ttl = ?timing.ttl, grace = ?plan.grace, "campaigning");
     let wait_until = match args.wait {
         Some(w) => Some(
             Instant::now()
@@ -57,7 +78,7 @@ pub(super) async fn run(args: &RunArgs, url: &StoreUrl, plan: Plan) -> Result<u8
     };
     let ctx = Ctx {
         command: args.command.clone(),
-        store: args.store.clone(),
+        store: args.store_text(),
         log_format: plan.log_format,
         timing,
         grace: plan.grace,
