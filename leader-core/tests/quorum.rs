@@ -317,3 +317,54 @@ async fn one_store_under_two_names_is_refused() {
         sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Two candidates configured with different member sets ({a, b, c} and {a, b, d}) each take
+/// a majority of their own while one shared store is cut off from each. Once they can see
+/// each other's records, both stop, with an error that names the mismatch.
+#[tokio::test(start_paused = true)]
+async fn candidates_with_different_member_sets_both_stop() {
+    let shared: Vec<MemoryStore> = (0..4).map(|_| MemoryStore::new()).collect();
+    let view = |names: [&str; 3], idx: [usize; 3], seed: u64| {
+        let mut controls = Vec::new();
+        let members = names
+            .iter()
+            .zip(idx)
+            .map(|(name, i)| {
+                let control = FaultControl::new();
+                controls.push(control.clone());
+                let faulty = FaultyStore::new(shared[i].clone(), seed + i as u64, vec![control]);
+                QuorumMember::new(*name, Arc::new(faulty))
+            })
+            .collect();
+        (Quorum::new(members).unwrap(), controls)
+    };
+    let (qa, a_faults) = view(["a", "b", "c"], [0, 1, 2], 10);
+    let (qb, b_faults) = view(["a", "b", "d"], [0, 1, 3], 20);
+    // a cannot reach store a, b cannot reach store b: each takes a majority of its own.
+    a_faults[0].update(|f| f.down = true);
+    b_faults[1].update(|f| f.down = true);
+    let start = |q: Quorum, id: &str| {
+        Elector::quorum_builder(q, key())
+            .ttl(TTL)
+            .holder_id(HolderId::new(id).unwrap())
+            .build()
+            .unwrap()
+            .spawn()
+    };
+    let a = start(qa, "a");
+    let b = start(qb, "b");
+    until("both lead", 2 * TTL, || {
+        leading(&a).is_some() && leading(&b).is_some()
+    })
+    .await;
+    a_faults[0].update(|f| f.down = false);
+    b_faults[1].update(|f| f.down = false);
+    let healed = Instant::now();
+    let stopped = |h: &ElectorHandle| {
+        matches!(&*h.leadership().borrow(), Leadership::Stopped { problem: Some(p) }
+            if p.message.contains("another set of members"))
+    };
+    until("both stop", 2 * TTL, || stopped(&a) && stopped(&b)).await;
+    let after = healed.elapsed();
+    assert!(after <= TTL, "{after:?}");
+}

@@ -308,7 +308,7 @@ impl QuorumClient {
             self.contact.note();
         }
         self.check_identities()?;
-        self.warn_foreign(&round);
+        self.refuse_foreign(&round)?;
         Ok(round)
     }
 
@@ -335,19 +335,32 @@ impl QuorumClient {
         Ok(())
     }
 
-    /// Records written by a candidate with another member set: never taken before they are
-    /// stale (as any record), and said loudly.
-    fn warn_foreign(&self, round: &Round) {
-        for (m, a) in self.members.iter().zip(&round.answers) {
+    /// A live record written by a candidate with another member set: two candidates that
+    /// count different sets could each hold a majority of their own, so this one refuses to
+    /// go on (an error that needs a person). A stale one (left by a candidate since removed
+    /// or set right) is taken over as any record.
+    fn refuse_foreign(&self, round: &Round) -> Result<(), Error> {
+        for (j, (m, a)) in self.members.iter().zip(&round.answers).enumerate() {
             if let Some(Answer {
                 found: Found::Record { record, .. },
                 ..
             }) = a
                 && record.members != self.fingerprint
+                && record.is_held()
+                && matches!(self.verdict(j, round), Verdict::Busy { .. })
             {
-                warn!(member = %m.name, holder = %record.holder, "a candidate with another set of quorum members wrote here: every candidate of a key must name the same members");
+                return Err(Error::InvalidConfig {
+                    message: format!(
+                        "the quorum member {} carries a live term of {} written with another \
+                         set of members: every candidate of key {} must name the same stores, \
+                         the same way (their URLs); refusing to campaign until it does",
+                        m.name, record.holder, self.key
+                    ),
+                    source: None,
+                });
             }
         }
+        Ok(())
     }
 
     /// The verdict on member `j` from `round` (rule 2 of `docs/quorum.md`).
@@ -902,15 +915,17 @@ mod renew {
             c.held = None;
             return Ok(Renewal::Lost { leader: None });
         }
-        adopt(
-            c,
-            &held,
-            Round {
-                answers,
-                full: true,
-            },
-        )
-        .await;
+        let round = Round {
+            answers,
+            full: true,
+        };
+        if let Err(e) = c.refuse_foreign(&round) {
+            // Another member set may count a majority of its own: stop acting now.
+            warn!(error = %e, "stepping down");
+            c.held = None;
+            return Ok(Renewal::Lost { leader: None });
+        }
+        adopt(c, &held, round).await;
         match c.deadline() {
             Some(d) if Instant::now() >= d => {
                 c.held = None;
