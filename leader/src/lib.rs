@@ -607,6 +607,8 @@ mod readme_doctests {
     struct ZooKeeper;
     #[doc = include_str!("../../docs/sharding.md")]
     struct Sharding;
+    #[doc = include_str!("../../docs/quorum.md")]
+    struct Quorum;
 }
 
 #[cfg(test)]
