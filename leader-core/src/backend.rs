@@ -2,6 +2,7 @@
 //! helpers a backend uses ([`Call`] for its retries, [`encode_fenced`] for protected objects).
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -692,6 +693,25 @@ pub fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// A store for sharded leadership and for elections over several stores: leases
+/// ([`LeaseBackend`]) and conditional objects ([`FencedCas`]). Every store of the suite is one; an `Arc` of any of them, or of a `dyn`
+/// store trait that has this one as a supertrait, converts to `Arc<dyn ShardStore>`.
+pub trait ShardStore: LeaseBackend + FencedCas {
+    /// The store as a lease backend.
+    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend>;
+    /// The store as a conditional object store.
+    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas>;
+}
+
+impl<T: LeaseBackend + FencedCas + 'static> ShardStore for T {
+    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend> {
+        self
+    }
+    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas> {
+        self
+    }
 }
 
 #[cfg(test)]

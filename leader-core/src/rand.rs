@@ -107,3 +107,11 @@ mod tests {
         );
     }
 }
+
+/// FNV-1a, 64 bits: stable across processes and versions (sharded member keys and a
+/// quorum's member set fingerprint depend on it).
+pub(crate) fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

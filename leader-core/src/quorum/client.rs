@@ -844,6 +844,51 @@ mod renew {
             c.held = None;
             return Ok(Renewal::Expired);
         };
+        let answers = write_round(c, &held).await;
+        let carrying = c
+            .members
+            .iter()
+            .filter(|m| {
+                m.own
+                    .as_ref()
+                    .is_some_and(|o| o.held && o.term == held.term)
+            })
+            .count();
+        if carrying < c.majority {
+            c.held = None;
+            return Ok(Renewal::Lost { leader: None });
+        }
+        let round = Round {
+            answers,
+            full: true,
+        };
+        if let Err(e) = c.refuse_foreign(&round) {
+            // Another member set may count a majority of its own: stop acting now.
+            warn!(error = %e, "stepping down");
+            c.held = None;
+            return Ok(Renewal::Lost { leader: None });
+        }
+        adopt(c, &held, round).await;
+        match c.deadline() {
+            Some(d) if Instant::now() >= d => {
+                c.held = None;
+                Ok(Renewal::Expired)
+            }
+            Some(d) if d > before => Ok(Renewal::Renewed(Grant {
+                token: FencingToken(held.token),
+                deadline: d,
+            })),
+            _ => Err(Error::unavailable(format!(
+                "the renew of {} reached fewer than a majority of the quorum",
+                c.key
+            ))),
+        }
+    }
+
+    /// The renew's round: the term's record written again on every member that carries it
+    /// (each conditional on its own last write there), the others read. Notes what each did;
+    /// returns the answers of the members read.
+    async fn write_round(c: &mut QuorumClient, held: &Held) -> Vec<Option<Answer>> {
         let record = c.record(&held.term, State::Held);
         let live: Vec<bool> = c
             .members
@@ -902,44 +947,7 @@ mod renew {
                 }
             }
         }
-        let carrying = c
-            .members
-            .iter()
-            .filter(|m| {
-                m.own
-                    .as_ref()
-                    .is_some_and(|o| o.held && o.term == held.term)
-            })
-            .count();
-        if carrying < c.majority {
-            c.held = None;
-            return Ok(Renewal::Lost { leader: None });
-        }
-        let round = Round {
-            answers,
-            full: true,
-        };
-        if let Err(e) = c.refuse_foreign(&round) {
-            // Another member set may count a majority of its own: stop acting now.
-            warn!(error = %e, "stepping down");
-            c.held = None;
-            return Ok(Renewal::Lost { leader: None });
-        }
-        adopt(c, &held, round).await;
-        match c.deadline() {
-            Some(d) if Instant::now() >= d => {
-                c.held = None;
-                Ok(Renewal::Expired)
-            }
-            Some(d) if d > before => Ok(Renewal::Renewed(Grant {
-                token: FencingToken(held.token),
-                deadline: d,
-            })),
-            _ => Err(Error::unavailable(format!(
-                "the renew of {} reached fewer than a majority of the quorum",
-                c.key
-            ))),
-        }
+        answers
     }
 
     /// Takes back into the held term the members that no longer carry it, once they are free

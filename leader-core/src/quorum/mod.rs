@@ -51,10 +51,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::backend::{FencedCas, FencedObject, FencedPut, ObjectWrite};
+use crate::backend::{FencedCas, FencedObject, FencedPut, ObjectWrite, ShardStore};
 use crate::error::{ConfigError, Error};
 use crate::model::ObjectName;
-use crate::shard::ShardStore;
 
 pub(crate) use client::QuorumClient;
 use flaw::QuorumFlaw;

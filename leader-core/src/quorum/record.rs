@@ -87,7 +87,7 @@ pub(crate) fn members_hash(names: &[String]) -> String {
     let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
     sorted.sort_unstable();
     let text = format!("{}:{}", sorted.len(), sorted.join("\n"));
-    format!("{:016x}", crate::shard::records::stable_hash(&text))
+    format!("{:016x}", crate::rand::stable_hash(&text))
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::backend::ShardStore;
 use crate::backend::{FencedCas, LeaseBackend};
 use crate::config::{ClockRate, Timing, TimingOverrides};
 use crate::elector::{ElectorTask, Problem, Stopped};
@@ -110,25 +111,6 @@ pub enum ShardFlaw {
     /// whose owner's term is over, is taken although another live member claims the shard
     /// (it may act on it after an operator's delete met a late write).
     ClaimsForAbsentOnly,
-}
-
-/// A store for sharded leadership: leases ([`LeaseBackend`]) and conditional objects
-/// ([`FencedCas`]). Every store of the suite is one; an `Arc` of any of them, or of a `dyn`
-/// store trait that has this one as a supertrait, converts to `Arc<dyn ShardStore>`.
-pub trait ShardStore: LeaseBackend + FencedCas {
-    /// The store as a lease backend.
-    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend>;
-    /// The store as a conditional object store.
-    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas>;
-}
-
-impl<T: LeaseBackend + FencedCas + 'static> ShardStore for T {
-    fn leases(self: Arc<Self>) -> Arc<dyn LeaseBackend> {
-        self
-    }
-    fn objects(self: Arc<Self>) -> Arc<dyn FencedCas> {
-        self
-    }
 }
 
 /// Configures a [`ShardedElector`]. Durations left unset are derived from `ttl` as in

@@ -89,16 +89,13 @@ impl Names {
     /// The membership lease key of `id`: ids may hold characters that names may not, so the
     /// key carries a hash of the id.
     pub(crate) fn member(&self, id: &HolderId) -> LeaseKey {
-        LeaseKey::new(format!("{}.m.{:016x}", self.key, stable_hash(id.as_str())))
-            .unwrap_or_else(|_| self.key.clone())
+        LeaseKey::new(format!(
+            "{}.m.{:016x}",
+            self.key,
+            crate::rand::stable_hash(id.as_str())
+        ))
+        .unwrap_or_else(|_| self.key.clone())
     }
-}
-
-/// FNV-1a, 64 bits: stable across processes and versions (member keys depend on it).
-pub(crate) fn stable_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Whether a shard record says its owner holds it, or gave it up.
