@@ -84,6 +84,14 @@ impl Rng {
     }
 }
 
+/// FNV-1a, 64 bits: stable across processes and versions (sharded member keys and a
+/// quorum's member set fingerprint depend on it).
+pub(crate) fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,12 +114,4 @@ mod tests {
             Rng::from_entropy().next_u64()
         );
     }
-}
-
-/// FNV-1a, 64 bits: stable across processes and versions (sharded member keys and a
-/// quorum's member set fingerprint depend on it).
-pub(crate) fn stable_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
