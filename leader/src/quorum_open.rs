@@ -69,6 +69,7 @@ pub async fn quorum_from_urls<S: AsRef<str>>(
                     url,
                     options: options.clone(),
                     store: OnceCell::new(),
+                    warned: std::sync::atomic::AtomicBool::new(false),
                 })
             }
             Err(e) => {
@@ -109,13 +110,23 @@ struct Lazy {
     url: StoreUrl,
     options: OpenOptions,
     store: OnceCell<Arc<dyn Store>>,
+    /// An error that retrying will not fix was said (once).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 impl Lazy {
     async fn store(&self) -> Result<&Arc<dyn Store>, Error> {
-        self.store
+        let opened = self
+            .store
             .get_or_try_init(|| open(&self.url, &self.options))
-            .await
+            .await;
+        if let Err(e) = &opened
+            && !e.is_retryable()
+            && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(member = %self.url, error = %e, "a quorum member that was away at the start cannot be used now that it answers; the election goes on without it: fix it and restart");
+        }
+        opened
     }
 }
 

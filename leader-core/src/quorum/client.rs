@@ -41,13 +41,9 @@ impl Round {
         self.answers.iter().flatten().count()
     }
 
-    /// Whether any member shows any history of the key.
-    fn has_history(&self) -> bool {
-        self.answers.iter().flatten().any(|a| !a.is_empty())
-    }
-
-    /// A brand-new key: every member answered, none with a record or a mark.
-    fn brand_new(&self) -> bool {
+    /// Every member answered, none with a record or a mark: a new key, or one emptied on
+    /// every member.
+    fn all_empty(&self) -> bool {
         self.full
             && self
                 .answers
@@ -55,12 +51,13 @@ impl Round {
                 .all(|a| a.as_ref().is_some_and(Answer::is_empty))
     }
 
-    /// Members that lost everything (or never took part) while others show a history: they
-    /// give no lower bound for tokens.
-    fn suspects(&self) -> usize {
-        if !self.full || !self.has_history() {
-            return 0;
-        }
+    /// Whether any answer shows a history of the key (a record or a mark).
+    fn has_history(&self) -> bool {
+        self.answers.iter().flatten().any(|a| !a.is_empty())
+    }
+
+    /// The members that answered with nothing.
+    fn empty(&self) -> usize {
         self.answers
             .iter()
             .flatten()
@@ -150,6 +147,8 @@ pub(crate) struct QuorumClient {
     seen: Option<SeenTerm>,
     replaced: Option<SeenTerm>,
     flaw: QuorumFlaw,
+    /// A record of another member set in the way was said (once until it is gone).
+    foreign_warned: bool,
 }
 
 impl QuorumClient {
@@ -172,10 +171,12 @@ impl QuorumClient {
                     seen: None,
                     own: None,
                     id: None,
+                    foreign: None,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let member_names: Vec<String> = quorum.members().iter().map(|m| m.name.clone()).collect();
+        let fingerprint = members_hash(&member_names, timing.ttl);
         Ok(Self {
             key,
             holder,
@@ -185,7 +186,7 @@ impl QuorumClient {
             rng: Rng::from_entropy(),
             names,
             majority: quorum.majority(),
-            fingerprint: members_hash(&member_names),
+            fingerprint,
             members,
             contact: StoreContact::default(),
             held: None,
@@ -194,6 +195,7 @@ impl QuorumClient {
             seen: None,
             replaced: None,
             flaw: quorum.flaw(),
+            foreign_warned: false,
         })
     }
 
@@ -247,6 +249,8 @@ impl QuorumClient {
             nonce: self.rng.next_u64(),
             ttl_ms: u64::try_from(self.timing.ttl.as_millis()).unwrap_or(u64::MAX),
             members: self.fingerprint.clone(),
+            // Set per member by the write.
+            stamp: String::new(),
             metadata: self.metadata.clone(),
         }
     }
@@ -283,10 +287,7 @@ impl QuorumClient {
     /// full round. Notes what each showed.
     async fn round(&mut self, full: bool) -> Result<Round, Error> {
         let reads = (0..self.members.len())
-            .map(|j| {
-                let want_id = full && self.members[j].id.is_none();
-                self.io(j).read(full, want_id)
-            })
+            .map(|j| self.io(j).read(full))
             .collect();
         let results = join_all(reads).await;
         let mut answers = Vec::with_capacity(results.len());
@@ -312,6 +313,17 @@ impl QuorumClient {
         Ok(round)
     }
 
+    /// Members that show nothing while the key has a history (some answer shows one, or this
+    /// candidate has seen one): they lost everything, or never took part, and give no lower
+    /// bound for tokens. When every member answered with nothing, the key is new, or emptied
+    /// everywhere: nothing is suspect, and the tokens go on from what this candidate has seen.
+    fn suspects(&self, round: &Round) -> usize {
+        if !round.full || round.all_empty() || (!round.has_history() && self.highest == 0) {
+            return 0;
+        }
+        round.empty()
+    }
+
     /// Two members with one identity are one store under two names: it would count twice.
     fn check_identities(&self) -> Result<(), Error> {
         for (i, a) in self.members.iter().enumerate() {
@@ -335,32 +347,55 @@ impl QuorumClient {
         Ok(())
     }
 
-    /// A live record written by a candidate with another member set: two candidates that
-    /// count different sets could each hold a majority of their own, so this one refuses to
-    /// go on (an error that needs a person). A stale one (left by a candidate since removed
-    /// or set right) is taken over as any record.
-    fn refuse_foreign(&self, round: &Round) -> Result<(), Error> {
-        for (j, (m, a)) in self.members.iter().zip(&round.answers).enumerate() {
-            if let Some(Answer {
-                found: Found::Record { record, .. },
-                ..
-            }) = a
-                && record.members != self.fingerprint
-                && record.is_held()
-                && matches!(self.verdict(j, round), Verdict::Busy { .. })
-            {
-                return Err(Error::InvalidConfig {
-                    message: format!(
-                        "the quorum member {} carries a live term of {} written with another \
-                         set of members: every candidate of key {} must name the same stores, \
-                         the same way (their URLs); refusing to campaign until it does",
-                        m.name, record.holder, self.key
-                    ),
-                    source: None,
-                });
+    /// Records of another member set (or ttl: the fingerprint has both): two candidates that
+    /// count different sets could each hold a majority of their own. One seen *changing*
+    /// (renewed, or taken over) proves a live candidate of the other set: this one refuses to
+    /// go on (an error that needs a person). One that is only seen is waited out (see
+    /// [`foreign_in_the_way`](Self::foreign_in_the_way)): a dead candidate's record goes
+    /// stale and is then taken over as any record, so setting the configuration right is
+    /// enough.
+    fn refuse_foreign(&mut self, round: &Round) -> Result<(), Error> {
+        let mut changed = None;
+        for (m, a) in self.members.iter_mut().zip(&round.answers) {
+            let Some(a) = a else {
+                continue;
+            };
+            match &a.found {
+                Found::Record {
+                    record, revision, ..
+                } if record.members != self.fingerprint => {
+                    if m.foreign.as_ref().is_some_and(|r| r != revision) {
+                        changed = Some((m.name.clone(), record.holder.clone()));
+                    }
+                    m.foreign = Some(revision.clone());
+                }
+                _ => m.foreign = None,
             }
         }
-        Ok(())
+        match changed {
+            None => Ok(()),
+            Some((member, holder)) => Err(Error::InvalidConfig {
+                message: format!(
+                    "{holder} renews a term on quorum member {member} with another set of \
+                     members or another ttl: every candidate of key {} must name the same \
+                     stores the same way (their URLs) and use the same ttl; refusing to campaign \
+                     until it does",
+                    self.key
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Whether a record of another member set is held and not yet stale on some member:
+    /// this candidate writes nothing until it is (stale: taken over as any record; changing:
+    /// refused).
+    fn foreign_in_the_way(&self, round: &Round) -> bool {
+        round.answers.iter().enumerate().any(|(j, a)| {
+            matches!(a, Some(Answer { found: Found::Record { record, .. }, .. })
+                if record.members != self.fingerprint && record.is_held())
+                && matches!(self.verdict(j, round), Verdict::Busy { .. })
+        })
     }
 
     /// The verdict on member `j` from `round` (rule 2 of `docs/quorum.md`).
@@ -371,7 +406,12 @@ impl QuorumClient {
         let member = &self.members[j];
         match &answer.found {
             Found::Damaged { .. } => Verdict::Unknown,
-            Found::Absent if round.brand_new() || self.planted(QuorumFlaw::AbsentTakenAtOnce) => {
+            // A brand-new key: empty everywhere, and this candidate has seen no history (one
+            // that has may be looking at a key an operator emptied under a live leader).
+            Found::Absent
+                if (round.all_empty() && self.highest == 0)
+                    || self.planted(QuorumFlaw::AbsentTakenAtOnce) =>
+            {
                 Verdict::Free {
                     expected: Expected::Absent,
                     token: 0,
@@ -438,13 +478,17 @@ impl QuorumClient {
             })
             .collect();
         times.sort_unstable();
+        // Not before a later instant: a majority free now that was not taken is blocked by
+        // something else (suspects, a record of another set, a back-off), which the next poll
+        // looks at again.
+        let takeover_at = times.get(self.majority - 1).copied().filter(|t| *t > now);
         Acquisition::Following {
             leader: leader.map(|(r, token)| ObservedLeader {
                 holder: r.holder,
                 token: FencingToken(token),
                 metadata: r.metadata,
             }),
-            takeover_at: times.get(self.majority - 1).copied(),
+            takeover_at,
         }
     }
 
@@ -516,12 +560,17 @@ impl QuorumClient {
                 let known = round.answers[*j].as_ref().and_then(|a| a.mark());
                 let stone = stone.clone();
                 async move {
-                    let _ = io.raise(floor, known).await;
-                    (
-                        io.write(Op::Acquire, &stone, floor, &Expected::Absent)
-                            .await,
-                        Instant::now(),
-                    )
+                    // The mark first (it keeps the floor if the stone is deleted too): no
+                    // stone without it.
+                    let sent = Instant::now();
+                    let wrote = match io.raise(floor, known, 3, true).await {
+                        Ok(true) => {
+                            io.write(Op::Acquire, &stone, floor, &Expected::Absent)
+                                .await
+                        }
+                        _ => Wrote::Failed,
+                    };
+                    (wrote, sent)
                 }
             })
             .collect();
@@ -579,7 +628,7 @@ impl QuorumClient {
                 let known = round.answers[*j].as_ref().and_then(|a| a.mark());
                 let (record, expected) = (record.clone(), expected.clone());
                 let j = *j;
-                async move { (j, claim_io(io, known, &record, token, &expected).await) }
+                async move { (j, claim_io(io, known, &record, token, &expected, 3).await) }
             })
             .collect();
         for (j, taken) in join_all(claims).await {
@@ -619,7 +668,7 @@ impl QuorumClient {
         token: u64,
     ) -> Option<(usize, crate::backend::Revision, Instant)> {
         let known = round.answers[j].as_ref().and_then(|a| a.mark());
-        let taken = claim_io(self.io(j), known, record, token, expected).await;
+        let taken = claim_io(self.io(j), known, record, token, expected, 3).await;
         taken.map(|(revision, sent)| (j, revision, sent))
     }
 
@@ -689,8 +738,9 @@ async fn claim_io(
     record: &Record,
     token: u64,
     expected: &Expected,
+    attempts: usize,
 ) -> Option<(crate::backend::Revision, Instant)> {
-    match io.raise(token, known).await {
+    match io.raise(token, known, attempts, false).await {
         Ok(true) => {}
         Ok(false) => return None,
         Err(e) => {
@@ -758,8 +808,16 @@ impl Campaign for QuorumClient {
         }
         // A round that may lead to writes: every member again, with its mark.
         let round = self.round(true).await?;
+        if self.foreign_in_the_way(&round) {
+            if !self.foreign_warned {
+                warn!(key = %self.key, "a quorum member carries a term of another set of members (or ttl); waiting until it is stale, or refusing if it is renewed");
+                self.foreign_warned = true;
+            }
+            return Ok(self.following(&round));
+        }
+        self.foreign_warned = false;
         let floor = self.highest.max(round.top());
-        let sound = round.answered() - round.suspects();
+        let sound = round.answered() - self.suspects(&round);
         if sound < self.majority {
             debug!(
                 sound,
@@ -844,7 +902,7 @@ mod renew {
             c.held = None;
             return Ok(Renewal::Expired);
         };
-        let answers = write_round(c, &held).await;
+        write_round(c, &held).await;
         let carrying = c
             .members
             .iter()
@@ -858,17 +916,21 @@ mod renew {
             c.held = None;
             return Ok(Renewal::Lost { leader: None });
         }
-        let round = Round {
-            answers,
-            full: true,
-        };
-        if let Err(e) = c.refuse_foreign(&round) {
-            // Another member set may count a majority of its own: stop acting now.
-            warn!(error = %e, "stepping down");
-            c.held = None;
-            return Ok(Renewal::Lost { leader: None });
+        // The members the term lost, looked at and taken back within what the renew period
+        // leaves (a member whose calls hang must not cost the term).
+        if let Some(d) = c.deadline() {
+            let rt = c.real(c.timing.request_timeout);
+            let budget = d
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(2 * rt)
+                .min(c.real(c.timing.renew_every) / 2);
+            if let Ok(Err(e)) = tokio::time::timeout(budget, look_and_adopt(c, &held)).await {
+                // Another member set may count a majority of its own: stop acting now.
+                warn!(error = %e, "stepping down");
+                c.held = None;
+                return Ok(Renewal::Lost { leader: None });
+            }
         }
-        adopt(c, &held, round).await;
         match c.deadline() {
             Some(d) if Instant::now() >= d => {
                 c.held = None;
@@ -885,12 +947,54 @@ mod renew {
         }
     }
 
-    /// The renew's round: the term's record written again on every member that carries it
-    /// (each conditional on its own last write there), the others read. Notes what each did;
-    /// returns the answers of the members read.
-    async fn write_round(c: &mut QuorumClient, held: &Held) -> Vec<Option<Answer>> {
+    /// The renew's writes: the term's record written again on every member that carries it,
+    /// side by side, each conditional on its own last write there. Notes what each did.
+    async fn write_round(c: &mut QuorumClient, held: &Held) {
         let record = c.record(&held.term, State::Held);
-        let live: Vec<bool> = c
+        let calls = (0..c.members.len())
+            .filter_map(|j| {
+                let own = c.members[j].own.as_ref();
+                let carries = own.is_some_and(|o| o.held && o.term == held.term);
+                let blind = j == 0 && c.planted(QuorumFlaw::BlindRenew);
+                if !carries && !blind {
+                    return None;
+                }
+                let expected = own.map(|o| Expected::Revision(o.revision.clone()));
+                let (io, record) = (c.io(j), record.clone());
+                Some(async move {
+                    let expected = if blind {
+                        // The planted flaw: on whatever revision is there now.
+                        io.current().await.or(expected)
+                    } else {
+                        expected
+                    };
+                    let sent = Instant::now();
+                    let wrote = match expected {
+                        Some(expected) => io.write(Op::Renew, &record, held.token, &expected).await,
+                        None => Wrote::Failed,
+                    };
+                    (j, wrote, sent)
+                })
+            })
+            .collect();
+        for (j, wrote, sent) in join_all(calls).await {
+            match wrote {
+                Wrote::Written(revision) => {
+                    c.members[j].wrote(&record, held.token, revision, sent);
+                }
+                Wrote::Conflict => {
+                    warn!(member = %c.members[j].name, "the term's record on a quorum member was replaced; the term goes on without it");
+                    c.members[j].own = None;
+                }
+                Wrote::Failed | Wrote::Unknown => {}
+            }
+        }
+    }
+
+    /// Reads the members that do not carry the term (a record of another member set renewed
+    /// there is an error: the caller steps down), and takes back those that are free.
+    async fn look_and_adopt(c: &mut QuorumClient, held: &Held) -> Result<(), Error> {
+        let carrying: Vec<bool> = c
             .members
             .iter()
             .map(|m| {
@@ -899,55 +1003,30 @@ mod renew {
                     .is_some_and(|o| o.held && o.term == held.term)
             })
             .collect();
-        let calls = (0..c.members.len())
+        let reads = (0..c.members.len())
             .map(|j| {
-                let io = c.io(j);
-                let expected = c.members[j]
-                    .own
-                    .as_ref()
-                    .map(|o| Expected::Revision(o.revision.clone()));
-                let blind = j == 0 && c.planted(QuorumFlaw::BlindRenew);
-                let (record, is_live) = (record.clone(), live[j]);
+                let io = (!carrying[j]).then(|| c.io(j));
                 async move {
-                    let expected = if blind {
-                        // The planted flaw: on whatever revision is there now.
-                        io.current().await.or(expected)
-                    } else {
-                        expected
-                    };
-                    if let (true, Some(expected)) = (is_live || blind, expected) {
-                        let sent = Instant::now();
-                        Ok((
-                            io.write(Op::Renew, &record, held.token, &expected).await,
-                            sent,
-                        ))
-                    } else {
-                        Err(io.read(true, false).await)
+                    match io {
+                        Some(io) => io.read(true).await.ok(),
+                        None => None,
                     }
                 }
             })
             .collect();
-        let mut answers: Vec<Option<Answer>> = vec![None; c.members.len()];
-        for (j, result) in join_all(calls).await.into_iter().enumerate() {
-            match result {
-                Ok((Wrote::Written(revision), sent)) => {
-                    c.members[j].wrote(&record, held.token, revision, sent);
-                }
-                Ok((Wrote::Conflict, _)) => {
-                    warn!(member = %c.members[j].name, "the term's record on a quorum member was replaced; the term goes on without it");
-                    c.members[j].own = None;
-                }
-                Ok((Wrote::Failed | Wrote::Unknown, _)) => {}
-                Err(Ok(answer)) => {
-                    c.members[j].note(&answer);
-                    answers[j] = Some(answer);
-                }
-                Err(Err(e)) => {
-                    debug!(member = %c.members[j].name, error = %e, "a quorum member did not answer")
-                }
+        let answers: Vec<Option<Answer>> = join_all(reads).await;
+        for (m, a) in c.members.iter_mut().zip(&answers) {
+            if let Some(a) = a {
+                m.note(a);
             }
         }
-        answers
+        let round = Round {
+            answers,
+            full: true,
+        };
+        c.refuse_foreign(&round)?;
+        adopt(c, held, round).await;
+        Ok(())
     }
 
     /// Takes back into the held term the members that no longer carry it, once they are free
@@ -962,6 +1041,18 @@ mod renew {
                 continue;
             };
             if answer.mark().is_some_and(|(t, _)| t > held.token) {
+                continue;
+            }
+            // A record of this very term (a write of ours that landed after its answer was
+            // lost): ours to go on writing, on its revision.
+            if let Found::Record {
+                record, revision, ..
+            } = &answer.found
+                && record.holder == c.holder
+                && record.term == held.term
+                && record.is_held()
+            {
+                takes.push((j, Expected::Revision(revision.clone())));
                 continue;
             }
             match c.verdict(j, &round) {
@@ -996,7 +1087,8 @@ mod renew {
                 let known = round.answers[j].as_ref().and_then(|a| a.mark());
                 let record = record.clone();
                 let token = held.token;
-                async move { (j, claim_io(io, known, &record, token, &expected).await) }
+                // One attempt at the mark: a renew has no time for more.
+                async move { (j, claim_io(io, known, &record, token, &expected, 1).await) }
             })
             .collect();
         for (j, taken) in join_all(claims).await {

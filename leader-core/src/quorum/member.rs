@@ -96,6 +96,8 @@ pub(crate) struct Member {
     pub(crate) seen: Option<Seen>,
     pub(crate) own: Option<Own>,
     pub(crate) id: Option<String>,
+    /// The revision of the record of another member set last seen here, if it was one.
+    pub(crate) foreign: Option<Revision>,
 }
 
 impl Member {
@@ -159,6 +161,9 @@ pub(crate) struct Io {
     pub(crate) fence: Fence,
     pub(crate) timeout: Duration,
     pub(crate) timeout_named: Duration,
+    /// The member's identity as last read: the stamp of what this candidate writes there, and
+    /// what a record or mark read there must carry.
+    pub(crate) id: Option<String>,
 }
 
 /// What a conditional write of a term record came to.
@@ -190,6 +195,7 @@ impl Io {
             fence: Fence::new(key.clone(), holder.clone(), FencingToken(0)),
             timeout,
             timeout_named,
+            id: member.id.clone(),
         }
     }
 
@@ -229,12 +235,40 @@ impl Io {
         }
     }
 
-    /// Reads the term record, and the mark and the identity if asked (the identity is
-    /// created if absent).
-    pub(crate) async fn read(self, high: bool, id: bool) -> Result<Answer, Error> {
+    /// Reads the term record; in a full round first the member's identity (drawn and written
+    /// if there is none) and then the mark too. A record or mark stamped with another identity
+    /// than the member's (written before the member was emptied, and landing late) reads as
+    /// absent.
+    pub(crate) async fn read(mut self, full: bool) -> Result<Answer, Error> {
+        let id = if full {
+            let id = self.identity().await?;
+            self.id = Some(id.clone());
+            Some(id)
+        } else {
+            None
+        };
+        self.read_with(full, id).await
+    }
+
+    /// As [`read`](Self::read) in a full round, for an operator's look: the identity is read,
+    /// never written (a member without one shows its objects unchecked).
+    pub(crate) async fn look(mut self) -> Result<Answer, Error> {
+        let id = self
+            .get(Op::Read, &self.names.id)
+            .await?
+            .map(|o| String::from_utf8_lossy(&o.value).into_owned());
+        self.id.clone_from(&id);
+        self.read_with(true, id).await
+    }
+
+    async fn read_with(self, full: bool, id: Option<String>) -> Result<Answer, Error> {
         let found = match self.get(Op::Read, &self.names.record).await? {
             None => Found::Absent,
             Some(o) => match Record::decode(&self.names.record, &self.name, &o.value) {
+                Ok(record) if self.id.as_ref().is_some_and(|id| record.stamp != *id) => {
+                    debug!(member = %self.name, "a record written before the member was emptied: absent");
+                    Found::Absent
+                }
                 Ok(record) => Found::Record {
                     record,
                     token: o.fence.get(),
@@ -247,14 +281,12 @@ impl Io {
                 },
             },
         };
-        let high = if high {
+        let high = if full {
             let mark = self.get(Op::Read, &self.names.high).await?;
-            Some(mark.map(|o| (o.fence.get(), o.revision)))
-        } else {
-            None
-        };
-        let id = if id {
-            Some(self.identity().await?)
+            Some(
+                mark.filter(|o| self.id.as_ref().is_none_or(|id| o.value == id.as_bytes()))
+                    .map(|o| (o.fence.get(), o.revision)),
+            )
         } else {
             None
         };
@@ -298,24 +330,38 @@ impl Io {
         )))
     }
 
-    /// Raises the token mark to at least `token`, from `known` (as the round read it).
-    /// `Ok(false)` if it is already at or above `token` (another candidate raised it).
+    /// Raises the token mark to `token`, from `known` (as the round read it; `None` absent,
+    /// or stamped with another identity). `Ok(true)` once the mark is at `token` (or, with
+    /// `at_least`, at or above it); `Ok(false)` if it is above (another candidate is ahead
+    /// there). Tries `attempts` times.
     pub(crate) async fn raise(
         &self,
         token: u64,
         known: Option<(u64, Revision)>,
+        attempts: usize,
+        at_least: bool,
     ) -> Result<bool, Error> {
         let mut known = known;
-        for _ in 0..3 {
-            if known.as_ref().is_some_and(|(t, _)| *t >= token) {
-                return Ok(false);
+        let stamp = self.id.clone().unwrap_or_default();
+        let expected_of = |known: &Option<(u64, Revision)>| match known {
+            Some((_, r)) => Expected::Revision(r.clone()),
+            None => Expected::Absent,
+        };
+        for _ in 0..attempts {
+            match known.as_ref().map(|(t, _)| *t) {
+                Some(t) if t > token => return Ok(at_least),
+                Some(t) if t == token => return Ok(true),
+                _ => {}
             }
-            let expected = match &known {
-                Some((_, r)) => Expected::Revision(r.clone()),
-                None => Expected::Absent,
-            };
+            let expected = expected_of(&known);
             match self
-                .put(Op::Acquire, &self.names.high, token, &expected, b"")
+                .put(
+                    Op::Acquire,
+                    &self.names.high,
+                    token,
+                    &expected,
+                    stamp.as_bytes(),
+                )
                 .await
             {
                 Ok(ObjectWrite::Written(_)) => return Ok(true),
@@ -323,16 +369,15 @@ impl Io {
                 Err(e) if e.kind() == ErrorKind::Indeterminate => {}
                 Err(e) => return Err(e),
             }
-            // Changed meanwhile, or not known: look again. A mark at `token` is ours or higher.
+            // Changed meanwhile, or not known: look again (a mark at `token` is ours, or of
+            // a rival with the same token, which the records' writes then decide between).
             known = self
                 .get(Op::Read, &self.names.high)
                 .await?
+                .filter(|o| o.value == stamp.as_bytes())
                 .map(|o| (o.fence.get(), o.revision));
-            if known.as_ref().is_some_and(|(t, _)| *t == token) {
-                return Ok(true);
-            }
         }
-        Ok(false)
+        Ok(known.is_some_and(|(t, _)| t == token || (at_least && t > token)))
     }
 
     /// The condition that matches the record as it is now (for the planted blind renew).
@@ -353,7 +398,11 @@ impl Io {
         token: u64,
         expected: &Expected,
     ) -> Wrote {
-        let bytes = record.encode();
+        let stamped = Record {
+            stamp: self.id.clone().unwrap_or_default(),
+            ..record.clone()
+        };
+        let bytes = stamped.encode();
         match self
             .put(op, &self.names.record, token, expected, &bytes)
             .await

@@ -50,8 +50,12 @@ pub(crate) struct Record {
     pub(crate) nonce: u64,
     /// The writer's ttl in milliseconds: followers wait at least this long.
     pub(crate) ttl_ms: u64,
-    /// The member set of the writer (a hash of its members' names and their number).
+    /// The member set of the writer (a hash of its members' names, their number and the ttl).
     pub(crate) members: String,
+    /// The identity (`K.qid`) of the member it was written to: a record written before the
+    /// member was emptied, landing late, is not taken for the member's history.
+    #[serde(default)]
+    pub(crate) stamp: String,
     #[serde(default)]
     pub(crate) metadata: Metadata,
 }
@@ -82,17 +86,21 @@ pub(crate) fn term_id(hi: u64, lo: u64) -> String {
     format!("{hi:016x}{lo:016x}")
 }
 
-/// The member set's fingerprint: its size and its members' names, in any order.
-pub(crate) fn members_hash(names: &[String]) -> String {
+/// The member set's fingerprint: its size, its members' names (in any order) and the ttl of
+/// every candidate (a tombstone stands for a deleted record of unknown writer, and is timed
+/// by the ttl of its own writer: every candidate of a key must have the same).
+pub(crate) fn members_hash(names: &[String], ttl: std::time::Duration) -> String {
     let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
     sorted.sort_unstable();
-    let text = format!("{}:{}", sorted.len(), sorted.join("\n"));
+    let text = format!("{}:{}:{}", sorted.len(), ttl.as_millis(), sorted.join("\n"));
     format!("{:016x}", crate::rand::stable_hash(&text))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TTL: std::time::Duration = std::time::Duration::from_secs(15);
 
     #[test]
     fn a_record_round_trips_and_a_damaged_one_names_the_member() {
@@ -103,7 +111,8 @@ mod tests {
             state: State::Held,
             nonce: 7,
             ttl_ms: 15_000,
-            members: members_hash(&["x".to_owned(), "y".to_owned(), "z".to_owned()]),
+            members: members_hash(&["x".to_owned(), "y".to_owned(), "z".to_owned()], TTL),
+            stamp: "id".to_owned(),
             metadata: Metadata::new(),
         };
         let name = ObjectName::new("k.q").unwrap();
@@ -113,10 +122,18 @@ mod tests {
     }
 
     #[test]
-    fn the_member_hash_ignores_order_and_counts_members() {
-        let abc = members_hash(&["a".into(), "b".into(), "c".into()]);
-        assert_eq!(abc, members_hash(&["c".into(), "a".into(), "b".into()]));
-        assert_ne!(abc, members_hash(&["a".into(), "b".into(), "d".into()]));
-        assert_ne!(abc, members_hash(&["a".into(), "b".into()]));
+    fn the_member_hash_ignores_order_and_counts_members_and_the_ttl() {
+        let abc = members_hash(&["a".into(), "b".into(), "c".into()], TTL);
+        assert_eq!(
+            abc,
+            members_hash(&["c".into(), "a".into(), "b".into()], TTL)
+        );
+        assert_ne!(
+            abc,
+            members_hash(&["a".into(), "b".into(), "d".into()], TTL)
+        );
+        assert_ne!(abc, members_hash(&["a".into(), "b".into()], TTL));
+        let other_ttl = members_hash(&["a".into(), "b".into(), "c".into()], TTL * 2);
+        assert_ne!(abc, other_ttl);
     }
 }

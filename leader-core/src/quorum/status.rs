@@ -61,7 +61,7 @@ pub async fn read_status(
     key: &LeaseKey,
     request_timeout: Duration,
 ) -> Result<QuorumStatus, Error> {
-    let names = Names::new(key).map_err(|e| Error::InvalidConfig {
+    let objects = Names::new(key).map_err(|e| Error::InvalidConfig {
         message: e.to_string(),
         source: None,
     })?;
@@ -69,13 +69,7 @@ pub async fn read_status(
         message: e.to_string(),
         source: None,
     })?;
-    let fingerprint = members_hash(
-        &quorum
-            .members()
-            .iter()
-            .map(|m| m.name.clone())
-            .collect::<Vec<_>>(),
-    );
+    let names: Vec<String> = quorum.members().iter().map(|m| m.name.clone()).collect();
     let reads = quorum
         .members()
         .iter()
@@ -87,16 +81,17 @@ pub async fn read_status(
                 seen: None,
                 own: None,
                 id: None,
+                foreign: None,
             };
             Io::for_member(
                 &member,
-                &names,
+                &objects,
                 key,
                 &holder,
                 request_timeout,
                 request_timeout,
             )
-            .read(true, false)
+            .look()
         })
         .collect();
     let answers = join_all(reads).await;
@@ -124,7 +119,8 @@ pub async fn read_status(
                     }
                     Found::Record { record, token, .. } => {
                         view.held = record.state == State::Held;
-                        view.same_members = record.members == fingerprint;
+                        let ttl = Duration::from_millis(record.ttl_ms);
+                        view.same_members = record.members == members_hash(&names, ttl);
                         view.holder = Some(record.holder);
                         view.token = Some(token);
                         view.term = Some(record.term);
