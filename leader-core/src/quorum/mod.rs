@@ -43,7 +43,7 @@
 mod client;
 pub(crate) mod flaw;
 mod member;
-mod record;
+pub(crate) mod record;
 mod status;
 
 use std::fmt;

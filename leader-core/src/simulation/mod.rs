@@ -28,6 +28,7 @@
 mod candidate;
 mod check;
 mod faults;
+mod quorum;
 mod sharded;
 mod world;
 
@@ -48,6 +49,10 @@ pub use check::{
     Gap, Span, check_fencing, check_liveness, check_one_leader, check_tokens, liveness_bound, spans,
 };
 pub use faults::{FaultControl, Faults, FaultyStore, Late};
+pub use quorum::{
+    Deletion, QuorumEvent, QuorumReport, QuorumSimConfig, Recovery, check_quorum_liveness,
+    check_store_chains, quorum_liveness_bound, run_quorum,
+};
 pub use sharded::{
     Inst, ShardEvent, ShardReport, ShardSimConfig, check_one_owner, check_settled,
     check_shard_tokens, run_sharded, settle_bound,
