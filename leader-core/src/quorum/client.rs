@@ -317,11 +317,17 @@ impl QuorumClient {
     /// candidate has seen one): they lost everything, or never took part, and give no lower
     /// bound for tokens. When every member answered with nothing, the key is new, or emptied
     /// everywhere: nothing is suspect, and the tokens go on from what this candidate has seen.
+    ///
+    /// At most a minority of the members may have lost their history (the quorum's
+    /// assumption), so no more than a minority of the empty answers count as suspect: the
+    /// others never took part (a first acquisition that reached only some members, say).
+    /// Counting every empty answer would wedge such a key for good, since nothing ever
+    /// writes those members again.
     fn suspects(&self, round: &Round) -> usize {
         if !round.full || round.all_empty() || (!round.has_history() && self.highest == 0) {
             return 0;
         }
-        round.empty()
+        round.empty().min(self.members.len() - self.majority)
     }
 
     /// Two members with one identity are one store under two names: it would count twice.
