@@ -8,13 +8,15 @@
 //! - F4: a member whose writes hang does not make the term churn;
 //! - F5b: a tombstone that lands late on a member emptied since repeats no token;
 //! - F6: a key emptied under a live leader is not taken as a new one by a candidate that has
-//!   seen its history.
+//!   seen its history;
+//! - F7: a member emptied under a late write of its old identity is written again;
+//! - F8: a key is new only when every member answers empty.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::backend::FencedCas;
+use leader_core::backend::{Expected, Fence, FencedCas, FencedPut};
 use leader_core::quorum::{Quorum, QuorumMember};
 use leader_core::simulation::{FaultControl, FaultyStore};
 use leader_core::{
@@ -122,6 +124,15 @@ async fn watch(handles: &[&ElectorHandle], d: Duration) -> Vec<FencingToken> {
     tokens
 }
 
+/// A term of candidate "p" with every member answering, resigned: the key has a history on
+/// every member (a brand-new key's first term needs every member to answer).
+async fn prime(stores: &[MemoryStore], ttl: Duration, seed: u64) {
+    let (q, _, _) = view(stores, &M, seed);
+    let (p, _t) = spawn(q, "p", ttl, seed);
+    until("p leads", 2 * ttl, || leading(&p).is_some()).await;
+    p.shutdown().await;
+}
+
 fn wipe(s: &MemoryStore) {
     for n in ["job.q", "job.qhw", "job.qid"] {
         s.delete_object(&obj(n));
@@ -184,6 +195,9 @@ async fn f2_a_long_dead_record_of_another_member_set_is_waited_out() {
 #[tokio::test(start_paused = true)]
 async fn f3_candidates_with_different_ttls_never_lead_at_once() {
     let stores = stores();
+    // A key led before, member 2 emptied since (as a key whose member 2 never took part).
+    prime(&stores, Duration::from_secs(30), 50).await;
+    wipe(&stores[2]);
     let (qa, a_faults, _) = view(&stores, &M, 5);
     a_faults[2].update(|f| f.down = true); // a cannot reach member 2
     let (a, _at) = spawn(qa, "a", Duration::from_secs(30), 5);
@@ -208,6 +222,7 @@ async fn f3_candidates_with_different_ttls_never_lead_at_once() {
 #[tokio::test(start_paused = true)]
 async fn f4_a_member_whose_writes_hang_costs_no_term() {
     let stores = stores();
+    prime(&stores, TTL, 70).await;
     let (q, controls, _) = view(&stores, &M, 7);
     controls[2].update(|f| {
         f.late = 1.0;
@@ -285,4 +300,73 @@ async fn f6_a_key_emptied_under_a_live_leader_is_not_new_to_a_follower() {
     }
     let tokens = watch(&[&a, &b], 4 * TTL).await;
     assert!(tokens.len() >= 2, "nobody led again: {tokens:?}");
+}
+
+/// F7, found by the simulation (seed 4741 at n = 3): an operator empties member 2 under a
+/// live term, and a write stamped with the member's old identity lands there afterwards (a
+/// late delivery, replayed here by writing back the objects the member held). The clients
+/// read that record and mark as absent, as they must (they are not the member's history),
+/// but a tombstone conditioned on "absent" could never apply over them: the member never
+/// rejoined the term, and with another member down nobody could lead. The writes are now
+/// conditioned on the revisions that stand there: the member carries the term again, and the
+/// term survives member 0's outage.
+#[tokio::test(start_paused = true)]
+async fn f7_a_member_emptied_under_a_late_write_rejoins_the_term() {
+    let stores = stores();
+    let (q, controls, _) = view(&stores, &M, 14);
+    let (a, _t) = spawn(q, "a", TTL, 14);
+    until("a leads", 2 * TTL, || leading(&a).is_some()).await;
+    let t = leading(&a).unwrap();
+    let old: Vec<_> = {
+        let mut v = Vec::new();
+        for n in ["job.q", "job.qhw"] {
+            v.push((n, stores[2].get_fenced(&obj(n)).await.unwrap().unwrap()));
+        }
+        v
+    };
+    wipe(&stores[2]);
+    sleep(Duration::from_secs(1)).await;
+    for (n, o) in &old {
+        let fence = Fence::new(key(), HolderId::new("a").unwrap(), o.fence);
+        let name = obj(n);
+        let put = FencedPut::new(&fence, &name, &Expected::Absent, &o.value).without_lease_check();
+        stores[2].put_fenced_if(put).await.unwrap();
+    }
+    sleep(4 * TTL).await;
+    let (token, _, body) = record_on(&stores[2]).await.unwrap();
+    assert_eq!(token, t.get(), "member 2 carries the term again: {body}");
+    let id = stores[2]
+        .get_fenced(&obj("job.qid"))
+        .await
+        .unwrap()
+        .unwrap();
+    let id = String::from_utf8_lossy(&id.value).into_owned();
+    assert!(
+        body.contains(&id),
+        "stamped with the member's new identity: {body}"
+    );
+    controls[0].update(|f| f.down = true);
+    sleep(2 * TTL).await;
+    assert_eq!(leading(&a), Some(t), "the term survives member 0's outage");
+}
+
+/// F8, from a second safety review: a key counted as brand-new while a member did not
+/// answer. Then a first term can begin with one member away, leaving the key's history on a
+/// majority that excludes it; once an operator empties one of those two (a minority) and the
+/// other is away, a freshly started candidate finds only empty members and mints a token
+/// below the last one (tokens 1, 2, 3, then 1 again). A key is new only when every member
+/// answers empty: with member 2 away, nobody begins; once it answers, the first term does.
+#[tokio::test(start_paused = true)]
+async fn f8_a_new_key_begins_only_once_every_member_answered() {
+    let stores = stores();
+    let (q, controls, _) = view(&stores, &M, 15);
+    controls[2].update(|f| f.down = true);
+    let (a, _t) = spawn(q, "a", TTL, 15);
+    sleep(4 * TTL).await;
+    assert!(leading(&a).is_none(), "a new key began with member 2 away");
+    controls[2].update(|f| f.down = false);
+    until("a leads once member 2 answers", 2 * TTL, || {
+        leading(&a).is_some()
+    })
+    .await;
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::member::{Answer, Found, Io, Member, Wrote};
+use super::member::{Answer, Found, Io, MarkSeen, Member, Wrote};
 use super::record::{Names, Record, State, members_hash, term_id};
 use super::{Quorum, QuorumFlaw, join_all};
 use crate::backend::{Changes, Expected};
@@ -49,11 +49,6 @@ impl Round {
                 .answers
                 .iter()
                 .all(|a| a.as_ref().is_some_and(Answer::is_empty))
-    }
-
-    /// Whether any answer shows a history of the key (a record or a mark).
-    fn has_history(&self) -> bool {
-        self.answers.iter().flatten().any(|a| !a.is_empty())
     }
 
     /// The members that answered with nothing.
@@ -313,10 +308,12 @@ impl QuorumClient {
         Ok(round)
     }
 
-    /// Members that show nothing while the key has a history (some answer shows one, or this
-    /// candidate has seen one): they lost everything, or never took part, and give no lower
-    /// bound for tokens. When every member answered with nothing, the key is new, or emptied
-    /// everywhere: nothing is suspect, and the tokens go on from what this candidate has seen.
+    /// Members that show nothing: they lost everything, or never took part, and give no
+    /// lower bound for tokens. When every member answered with nothing, the key is new, or
+    /// emptied everywhere: nothing is suspect, and the tokens go on from what this candidate
+    /// has seen. Only then: a key whose members did not all answer is never taken for new,
+    /// even by a candidate that has seen nothing of it (the history may sit on the members
+    /// that did not answer).
     ///
     /// At most a minority of the members may have lost their history (the quorum's
     /// assumption), so no more than a minority of the empty answers count as suspect: the
@@ -324,7 +321,7 @@ impl QuorumClient {
     /// Counting every empty answer would wedge such a key for good, since nothing ever
     /// writes those members again.
     fn suspects(&self, round: &Round) -> usize {
-        if !round.full || round.all_empty() || (!round.has_history() && self.highest == 0) {
+        if !round.full || round.all_empty() {
             return 0;
         }
         round.empty().min(self.members.len() - self.majority)
@@ -419,7 +416,7 @@ impl QuorumClient {
                     || self.planted(QuorumFlaw::AbsentTakenAtOnce) =>
             {
                 Verdict::Free {
-                    expected: Expected::Absent,
+                    expected: answer.absent(),
                     token: 0,
                 }
             }
@@ -563,17 +560,16 @@ impl QuorumClient {
             .zip(&stones)
             .map(|(j, stone)| {
                 let io = self.io(*j);
-                let known = round.answers[*j].as_ref().and_then(|a| a.mark());
+                let answer = round.answers[*j].as_ref();
+                let known = answer.map(Answer::mark_seen).unwrap_or_default();
+                let expected = answer.map_or(Expected::Absent, Answer::absent);
                 let stone = stone.clone();
                 async move {
                     // The mark first (it keeps the floor if the stone is deleted too): no
                     // stone without it.
                     let sent = Instant::now();
                     let wrote = match io.raise(floor, known, 3, true).await {
-                        Ok(true) => {
-                            io.write(Op::Acquire, &stone, floor, &Expected::Absent)
-                                .await
-                        }
+                        Ok(true) => io.write(Op::Acquire, &stone, floor, &expected).await,
                         _ => Wrote::Failed,
                     };
                     (wrote, sent)
@@ -631,7 +627,10 @@ impl QuorumClient {
             .iter()
             .map(|(j, expected)| {
                 let io = self.io(*j);
-                let known = round.answers[*j].as_ref().and_then(|a| a.mark());
+                let known = round.answers[*j]
+                    .as_ref()
+                    .map(Answer::mark_seen)
+                    .unwrap_or_default();
                 let (record, expected) = (record.clone(), expected.clone());
                 let j = *j;
                 async move { (j, claim_io(io, known, &record, token, &expected, 3).await) }
@@ -673,7 +672,10 @@ impl QuorumClient {
         record: &Record,
         token: u64,
     ) -> Option<(usize, crate::backend::Revision, Instant)> {
-        let known = round.answers[j].as_ref().and_then(|a| a.mark());
+        let known = round.answers[j]
+            .as_ref()
+            .map(Answer::mark_seen)
+            .unwrap_or_default();
         let taken = claim_io(self.io(j), known, record, token, expected, 3).await;
         taken.map(|(revision, sent)| (j, revision, sent))
     }
@@ -740,7 +742,7 @@ impl QuorumClient {
 /// `expected`; a mark already at or above `token` means another candidate is ahead there.
 async fn claim_io(
     io: Io,
-    known: Option<(u64, crate::backend::Revision)>,
+    known: MarkSeen,
     record: &Record,
     token: u64,
     expected: &Expected,
@@ -1090,7 +1092,10 @@ mod renew {
             .into_iter()
             .map(|(j, expected)| {
                 let io = c.io(j);
-                let known = round.answers[j].as_ref().and_then(|a| a.mark());
+                let known = round.answers[j]
+                    .as_ref()
+                    .map(Answer::mark_seen)
+                    .unwrap_or_default();
                 let record = record.clone();
                 let token = held.token;
                 // One attempt at the mark: a renew has no time for more.

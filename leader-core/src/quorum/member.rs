@@ -40,8 +40,23 @@ pub(crate) struct Answer {
     pub(crate) high: Option<Option<(u64, Revision)>>,
     /// The member's identity, if it was read (created if absent).
     pub(crate) id: Option<String>,
+    /// The revision of a record stamped with another identity (written before the member
+    /// was emptied, landing late): it reads as absent, and a write where the record is
+    /// absent is conditioned on this revision instead (else it would never apply).
+    pub(crate) record_over: Option<Revision>,
+    /// The same for a mark of another identity.
+    pub(crate) mark_over: Option<Revision>,
     /// When the answer came.
     pub(crate) at: Instant,
+}
+
+/// A token mark as a raise starts from it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MarkSeen {
+    /// The member's own mark: its token and revision.
+    pub(crate) ours: Option<(u64, Revision)>,
+    /// The revision of a mark of another identity standing where ours is absent.
+    pub(crate) over: Option<Revision>,
 }
 
 impl Answer {
@@ -58,6 +73,21 @@ impl Answer {
     /// The token mark as read, if it was read and exists.
     pub(crate) fn mark(&self) -> Option<(u64, Revision)> {
         self.high.clone().flatten()
+    }
+
+    /// The mark, for a raise.
+    pub(crate) fn mark_seen(&self) -> MarkSeen {
+        MarkSeen {
+            ours: self.mark(),
+            over: self.mark_over.clone(),
+        }
+    }
+
+    /// The condition of a write where the record reads as absent.
+    pub(crate) fn absent(&self) -> Expected {
+        self.record_over
+            .clone()
+            .map_or(Expected::Absent, Expected::Revision)
     }
 
     /// Shows no history of the key at all: no record, and no mark (if the mark was read).
@@ -262,11 +292,13 @@ impl Io {
     }
 
     async fn read_with(self, full: bool, id: Option<String>) -> Result<Answer, Error> {
+        let mut record_over = None;
         let found = match self.get(Op::Read, &self.names.record).await? {
             None => Found::Absent,
             Some(o) => match Record::decode(&self.names.record, &self.name, &o.value) {
                 Ok(record) if self.id.as_ref().is_some_and(|id| record.stamp != *id) => {
                     debug!(member = %self.name, "a record written before the member was emptied: absent");
+                    record_over = Some(o.revision);
                     Found::Absent
                 }
                 Ok(record) => Found::Record {
@@ -281,12 +313,16 @@ impl Io {
                 },
             },
         };
+        let mut mark_over = None;
         let high = if full {
             let mark = self.get(Op::Read, &self.names.high).await?;
-            Some(
-                mark.filter(|o| self.id.as_ref().is_none_or(|id| o.value == id.as_bytes()))
-                    .map(|o| (o.fence.get(), o.revision)),
-            )
+            Some(match mark {
+                Some(o) if self.id.as_ref().is_some_and(|id| o.value != id.as_bytes()) => {
+                    mark_over = Some(o.revision);
+                    None
+                }
+                o => o.map(|o| (o.fence.get(), o.revision)),
+            })
         } else {
             None
         };
@@ -294,6 +330,8 @@ impl Io {
             found,
             high,
             id,
+            record_over,
+            mark_over,
             at: Instant::now(),
         })
     }
@@ -337,23 +375,25 @@ impl Io {
     pub(crate) async fn raise(
         &self,
         token: u64,
-        known: Option<(u64, Revision)>,
+        seen: MarkSeen,
         attempts: usize,
         at_least: bool,
     ) -> Result<bool, Error> {
-        let mut known = known;
+        let MarkSeen {
+            ours: mut known,
+            mut over,
+        } = seen;
         let stamp = self.id.clone().unwrap_or_default();
-        let expected_of = |known: &Option<(u64, Revision)>| match known {
-            Some((_, r)) => Expected::Revision(r.clone()),
-            None => Expected::Absent,
-        };
         for _ in 0..attempts {
             match known.as_ref().map(|(t, _)| *t) {
                 Some(t) if t > token => return Ok(at_least),
                 Some(t) if t == token => return Ok(true),
                 _ => {}
             }
-            let expected = expected_of(&known);
+            let expected = match (&known, &over) {
+                (Some((_, r)), _) | (None, Some(r)) => Expected::Revision(r.clone()),
+                (None, None) => Expected::Absent,
+            };
             match self
                 .put(
                     Op::Acquire,
@@ -371,11 +411,11 @@ impl Io {
             }
             // Changed meanwhile, or not known: look again (a mark at `token` is ours, or of
             // a rival with the same token, which the records' writes then decide between).
-            known = self
-                .get(Op::Read, &self.names.high)
-                .await?
-                .filter(|o| o.value == stamp.as_bytes())
-                .map(|o| (o.fence.get(), o.revision));
+            (known, over) = match self.get(Op::Read, &self.names.high).await? {
+                Some(o) if o.value == stamp.as_bytes() => (Some((o.fence.get(), o.revision)), None),
+                Some(o) => (None, Some(o.revision)),
+                None => (None, None),
+            };
         }
         Ok(known.is_some_and(|(t, _)| t == token || (at_least && t > token)))
     }

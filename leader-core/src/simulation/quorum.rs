@@ -391,7 +391,9 @@ pub fn quorum_liveness_bound(config: &QuorumSimConfig) -> Duration {
 }
 
 /// Checker 4: on each member, every write that puts a new term in the record (an
-/// acquisition, a member taken back into a term, a tombstone) over a record carries a token
+/// acquisition, a member taken back into a term, a tombstone) over a record of the member's
+/// history (stamped with its identity: not one written before the member was emptied, landing
+/// late) carries a token
 /// strictly above the replaced record's (guard P1 of `docs/quorum.md`: tokens never go down
 /// along a member's chain of records, the ground of the tokens' order across terms).
 pub fn check_store_chains(events: &[QuorumEvent]) -> Vec<Violation> {
@@ -619,14 +621,15 @@ impl World {
 
     /// Whether member `j` shows the clients neither a record nor a mark of the key (the
     /// memory store answers at once). As the clients read it: a record or mark stamped with
-    /// another identity than the member's (written before a wipe, landing late) is absent.
+    /// another identity than the member's is absent (written before a wipe, landing late; with
+    /// no identity at all, the next full round draws a new one, so everything is).
     async fn empty(&self, j: usize) -> bool {
         let store = &self.stores[j];
         let id = match store.get_fenced(&self.names.id).await {
             Ok(o) => o.map(|o| o.value),
             Err(_) => return false,
         };
-        let ours = |stamp: &[u8]| id.as_deref().is_none_or(|id| id == stamp);
+        let ours = |stamp: &[u8]| id.as_deref() == Some(stamp);
         let record = match store.get_fenced(&self.names.record).await {
             Ok(Some(o)) => Record::decode(&self.names.record, "", &o.value)
                 .map_or(true, |r| ours(r.stamp.as_bytes())),
@@ -737,23 +740,33 @@ impl FencedCas for MemberStore {
         if *put.object != self.world.names.record {
             return store.put_fenced_if(put).await;
         }
-        // The memory store answers at once: nothing runs between this read and the write.
+        // The memory store answers at once: nothing runs between these reads and the write.
         let before = store.get_fenced(put.object).await?;
+        let id = store
+            .get_fenced(&self.world.names.id)
+            .await?
+            .map(|o| o.value);
         let token = put.fence.token.get();
         let new = RecordView::parse(put.value);
         let outcome = store.put_fenced_if(put).await?;
         if let (ObjectWrite::Written(_), Some(new)) = (&outcome, new) {
-            let old = before.map(|o| (o.fence.get(), RecordView::parse(&o.value)));
-            let same_term = old
+            let same_term = before
                 .as_ref()
-                .and_then(|(_, v)| v.as_ref())
+                .and_then(|o| RecordView::parse(&o.value))
                 .is_some_and(|v| v.term == new.term);
             if !same_term {
                 self.world.log(QuorumEvent::Landed {
                     store: self.j,
                     cand: cand_of(&new.holder),
                     token,
-                    replaced: old.map(|(t, _)| t),
+                    // A record stamped with another identity (written before the member
+                    // was emptied) is not the member's history: over no record.
+                    replaced: before
+                        .filter(|o| {
+                            Record::decode(&self.world.names.record, "", &o.value)
+                                .is_ok_and(|r| id.as_deref() == Some(r.stamp.as_bytes()))
+                        })
+                        .map(|o| o.fence.get()),
                     held: new.state == "held",
                     at: self.world.now(),
                 });
