@@ -319,7 +319,9 @@ async fn one_store_under_two_names_is_refused() {
 }
 
 /// Two candidates configured with different member sets ({a, b, c} and {a, b, d}) each take
-/// a majority of their own while one shared store is cut off from each. Once they can see
+/// a majority of their own while one shared store is cut off from each (on a key each set has
+/// led before, with every member answering: a brand-new key's first term needs them all).
+/// Once they can see
 /// each other's records, both step down within two renew periods (each sees the other's
 /// record renewed), one stops with an error that names the mismatch, and they never lead at
 /// once again.
@@ -340,11 +342,6 @@ async fn candidates_with_different_member_sets_step_down_and_refuse() {
             .collect();
         (Quorum::new(members).unwrap(), controls)
     };
-    let (qa, a_faults) = view(["a", "b", "c"], [0, 1, 2], 10);
-    let (qb, b_faults) = view(["a", "b", "d"], [0, 1, 3], 20);
-    // a cannot reach store a, b cannot reach store b: each takes a majority of its own.
-    a_faults[0].update(|f| f.down = true);
-    b_faults[1].update(|f| f.down = true);
     let start = |q: Quorum, id: &str| {
         Elector::quorum_builder(q, key())
             .ttl(TTL)
@@ -353,9 +350,24 @@ async fn candidates_with_different_member_sets_step_down_and_refuse() {
             .unwrap()
             .spawn()
     };
+    // Each set leads once with all its members, and resigns.
+    for (names, idx, seed) in [
+        (["a", "b", "c"], [0, 1, 2], 30),
+        (["a", "b", "d"], [0, 1, 3], 40),
+    ] {
+        let (q, _) = view(names, idx, seed);
+        let h = start(q, "earlier");
+        until("an earlier term", 3 * TTL, || leading(&h).is_some()).await;
+        h.shutdown().await;
+    }
+    let (qa, a_faults) = view(["a", "b", "c"], [0, 1, 2], 10);
+    let (qb, b_faults) = view(["a", "b", "d"], [0, 1, 3], 20);
+    // a cannot reach store a, b cannot reach store b: each takes a majority of its own.
+    a_faults[0].update(|f| f.down = true);
+    b_faults[1].update(|f| f.down = true);
     let a = start(qa, "a");
     let b = start(qb, "b");
-    until("both lead", 2 * TTL, || {
+    until("both lead", 3 * TTL, || {
         leading(&a).is_some() && leading(&b).is_some()
     })
     .await;

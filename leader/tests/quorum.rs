@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leader::{Elector, ErrorKind, OpenOptions, quorum_from_urls};
+use leader::{Elector, ErrorKind, Leadership, OpenOptions, quorum_from_urls};
 
 fn dirs(n: usize) -> Vec<tempfile::TempDir> {
     (0..n).map(|_| tempfile::tempdir().unwrap()).collect()
@@ -87,11 +87,16 @@ async fn a_member_unreachable_at_start_does_not_stop_the_candidate() {
         .build()
         .unwrap()
         .spawn();
-    let term = tokio::time::timeout(Duration::from_secs(10), handle.wait_for_term())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(term.token().get() >= 1);
-    drop(term);
+    // It campaigns on: no error. A new key begins only once every member has answered (its
+    // history could sit on the member away), so no term either.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let now = handle.leadership().borrow().clone();
+    assert!(
+        matches!(
+            now,
+            Leadership::Follower { .. } | Leadership::Unknown { .. }
+        ),
+        "{now:?}"
+    );
     handle.shutdown().await;
 }
