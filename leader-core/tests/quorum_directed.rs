@@ -10,7 +10,8 @@
 //! - F6: a key emptied under a live leader is not taken as a new one by a candidate that has
 //!   seen its history;
 //! - F7: a member emptied under a late write of its old identity is written again;
-//! - F8: a key is new only when every member answers empty.
+//! - F8: a key is new only when every member answers empty;
+//! - F9: nor while a member shows a record or mark of another identity (a live term's).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
@@ -369,4 +370,80 @@ async fn f8_a_new_key_begins_only_once_every_member_answered() {
         leading(&a).is_some()
     })
     .await;
+}
+
+/// F9, from a third safety review: a live term's record of another identity taken at once.
+/// a's first writes on member 0 cross an operator's emptying of it (replayed by deleting
+/// member 0's identity after they landed): a leads on members 0 and 1 with records stamped
+/// with an identity member 0 no longer has, and never takes member 2 (its writes there never
+/// arrive). Member 1 is then emptied (one member of three), and b starts with its first read
+/// of member 0 lost. b's full round draws member 0 a new identity, so every member reads as
+/// empty: the key looked new, and b took all three at once with token 1, over a's live
+/// record: two leaders. A member showing objects of another identity now keeps the key from
+/// being new (a tombstone, timed, instead), and their tokens raise the floor.
+async fn f9(partition_a_from_1: bool) {
+    let stores = stores();
+    put_id(&stores[2], "m2-identity").await;
+    let (qa, a_c, _) = view(&stores, &M, 21);
+    a_c[2].update(|f| {
+        f.late = 1.0;
+        f.hold_min = Duration::from_secs(100_000);
+        f.hold_max = Duration::from_secs(100_000);
+    });
+    let (a, _at) = spawn(qa, "a", TTL, 21);
+    until("a leads", 2 * TTL, || leading(&a).is_some()).await;
+    let ta = leading(&a).unwrap();
+    assert!(
+        record_on(&stores[2]).await.is_none(),
+        "member 2 not taken by a"
+    );
+    stores[0].delete_object(&obj("job.qid"));
+    sleep(Duration::from_secs(8)).await;
+    assert_eq!(leading(&a), Some(ta), "a still leads on members 0 and 1");
+    if partition_a_from_1 {
+        a_c[1].update(|f| f.down = true);
+    }
+    wipe(&stores[1]);
+    let (qb, b_c, b_f) = view(&stores, &M, 22);
+    b_c[0].update(|f| f.hang = true);
+    let (b, _bt) = spawn(qb, "b", TTL, 22);
+    while b_f[0].counts().0 == 0 {
+        sleep(Duration::from_millis(1)).await;
+    }
+    b_c[0].update(|f| f.hang = false);
+    let mut tokens = vec![ta];
+    let end = Instant::now() + 2 * TTL;
+    while Instant::now() < end {
+        let (la, lb) = (leading(&a), leading(&b));
+        assert!(
+            la.is_none() || lb.is_none(),
+            "two leaders at once: {la:?} {lb:?}"
+        );
+        if let Some(t) = lb
+            && tokens.last() != Some(&t)
+        {
+            tokens.push(t);
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    for w in tokens.windows(2) {
+        assert!(w[1] > w[0], "a token repeated or went down: {tokens:?}");
+    }
+}
+
+async fn put_id(s: &MemoryStore, id: &str) {
+    let fence = Fence::new(key(), HolderId::new("op").unwrap(), FencingToken(0));
+    let name = obj("job.qid");
+    let put = FencedPut::new(&fence, &name, &Expected::Absent, id.as_bytes()).without_lease_check();
+    s.put_fenced_if(put).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn f9_a_live_record_of_another_identity_is_not_taken_for_a_new_key() {
+    f9(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn f9b_the_same_with_the_leader_cut_from_the_emptied_member() {
+    f9(true).await;
 }

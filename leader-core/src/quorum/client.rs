@@ -41,14 +41,14 @@ impl Round {
         self.answers.iter().flatten().count()
     }
 
-    /// Every member answered, none with a record or a mark: a new key, or one emptied on
-    /// every member.
+    /// Every member answered, none with a record or a mark, not even of another identity:
+    /// a new key, or one emptied on every member.
     fn all_empty(&self) -> bool {
         self.full
             && self
                 .answers
                 .iter()
-                .all(|a| a.as_ref().is_some_and(Answer::is_empty))
+                .all(|a| a.as_ref().is_some_and(|a| a.is_empty() && !a.has_foreign()))
     }
 
     /// The members that answered with nothing.

@@ -46,6 +46,9 @@ pub(crate) struct Answer {
     pub(crate) record_over: Option<Revision>,
     /// The same for a mark of another identity.
     pub(crate) mark_over: Option<Revision>,
+    /// The highest token of those objects: not the member's history, but tokens some term
+    /// minted, so they raise the floor of the next.
+    pub(crate) over_top: u64,
     /// When the answer came.
     pub(crate) at: Instant,
 }
@@ -67,7 +70,13 @@ impl Answer {
             _ => 0,
         };
         let high = self.mark().map_or(0, |(t, _)| t);
-        record.max(high)
+        record.max(high).max(self.over_top)
+    }
+
+    /// Whether a record or mark of another identity stands there: the key has a history
+    /// (perhaps a live term whose writer has not seen the member's new identity yet).
+    pub(crate) fn has_foreign(&self) -> bool {
+        self.record_over.is_some() || self.mark_over.is_some()
     }
 
     /// The token mark as read, if it was read and exists.
@@ -293,11 +302,13 @@ impl Io {
 
     async fn read_with(self, full: bool, id: Option<String>) -> Result<Answer, Error> {
         let mut record_over = None;
+        let mut over_top = 0;
         let found = match self.get(Op::Read, &self.names.record).await? {
             None => Found::Absent,
             Some(o) => match Record::decode(&self.names.record, &self.name, &o.value) {
                 Ok(record) if self.id.as_ref().is_some_and(|id| record.stamp != *id) => {
                     debug!(member = %self.name, "a record written before the member was emptied: absent");
+                    over_top = o.fence.get();
                     record_over = Some(o.revision);
                     Found::Absent
                 }
@@ -318,6 +329,7 @@ impl Io {
             let mark = self.get(Op::Read, &self.names.high).await?;
             Some(match mark {
                 Some(o) if self.id.as_ref().is_some_and(|id| o.value != id.as_bytes()) => {
+                    over_top = over_top.max(o.fence.get());
                     mark_over = Some(o.revision);
                     None
                 }
@@ -332,6 +344,7 @@ impl Io {
             id,
             record_over,
             mark_over,
+            over_top,
             at: Instant::now(),
         })
     }
@@ -413,7 +426,16 @@ impl Io {
             // a rival with the same token, which the records' writes then decide between).
             (known, over) = match self.get(Op::Read, &self.names.high).await? {
                 Some(o) if o.value == stamp.as_bytes() => (Some((o.fence.get(), o.revision)), None),
-                Some(o) => (None, Some(o.revision)),
+                Some(o) => {
+                    // The member's identity changed since this candidate read it (it was
+                    // emptied): the mark may be its real one, never lowered by a stale
+                    // stamp. The next full round reads the identity again.
+                    let id = self.get(Op::Read, &self.names.id).await?;
+                    if id.is_none_or(|id| id.value == o.value) {
+                        return Ok(false);
+                    }
+                    (None, Some(o.revision))
+                }
                 None => (None, None),
             };
         }
