@@ -970,7 +970,15 @@ fn member_sets_that_cannot_work_are_refused() {
         url(0, "job")
     );
     // (what, stores, run's extra flags, status's extra flags, what run says, what status says)
-    let cases: Vec<(&str, Vec<String>, &[&str], &[&str], &str, &str)> = vec![
+    type Case<'a> = (
+        &'a str,
+        Vec<String>,
+        &'a [&'a str],
+        &'a [&'a str],
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "two stores",
             vec![url(0, "job"), url(1, "job")],
