@@ -6,15 +6,14 @@ use std::time::Duration;
 
 use leader_core::backend::within;
 use leader_core::{
-    Elector, ElectorHandle, Error, ErrorKind, FencedStore, HolderId, LeaseKey, ObjectName, Term,
-    Timing,
+    ElectorHandle, Error, ErrorKind, FencedStore, HolderId, LeaseKey, ObjectName, Term, Timing,
 };
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{
     BackendKind, END_SIGTERM, EV_EXIT, EV_READY, EV_RELEASING, EV_RENEWED, EV_TERM_ENDED,
     EV_TERM_STARTED, EV_WRITE, Event, OUT_ACCEPTED, OUT_FAILED, OUT_FENCED, OUT_UNKNOWN,
-    instant_us, mono_us, open_store, write_value,
+    instant_us, mono_us, open_election, write_value,
 };
 
 /// A candidate's settings, given as `name=value` arguments.
@@ -22,7 +21,8 @@ use super::{
 pub struct CandidateArgs {
     /// The backend.
     pub backend: BackendKind,
-    /// The endpoint (its own proxy's URL) or, for the file store, the directory.
+    /// The endpoint (its own proxy's URL) or, for the file store, the directory (for the
+    /// quorum of folders, the directory of its members' folders).
     pub endpoint: String,
     /// Container, table or bucket.
     pub place: String,
@@ -197,12 +197,12 @@ where
 /// # Errors
 /// A message if the store or the elector cannot be set up.
 pub async fn run(args: CandidateArgs) -> Result<(), String> {
-    let (backend, fenced) = open_store(args.backend, &args.endpoint, &args.place, false)
+    let key = LeaseKey::new(args.key.clone()).map_err(|e| e.to_string())?;
+    let (builder, fenced) = open_election(args.backend, &args.endpoint, &args.place, key)
         .await
         .map_err(|e| format!("opening the store: {e}"))?;
-    let key = LeaseKey::new(args.key.clone()).map_err(|e| e.to_string())?;
     let object = ObjectName::new(format!("{}-object", args.key)).map_err(|e| e.to_string())?;
-    let elector = Elector::builder(backend, key)
+    let elector = builder
         .timing(args.timing)
         .holder_id(HolderId::new(args.id.clone()).map_err(|e| e.to_string())?)
         .build()

@@ -19,7 +19,7 @@ use super::process::{Proc, logs, wait_for};
 use super::restart::Instance;
 use super::{
     BackendKind, END_SIGTERM, EV_EXIT, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us,
-    open_store, write_value,
+    open_fenced, quorum_folders, write_value,
 };
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
@@ -152,6 +152,13 @@ pub async fn run_round(
         timing: &timing,
         procs: &mut procs,
         store: instance.as_mut(),
+        kind,
+        folders: if kind == BackendKind::QuorumFile {
+            quorum_folders(&dir.join("store"))
+        } else {
+            Vec::new()
+        },
+        key: &key,
     })
     .await;
     let mut violations = outcome.violations;
@@ -289,8 +296,8 @@ async fn final_object(
 ) -> Result<Option<FinalObject>, (String, bool)> {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let read = match open_store(kind, endpoint, place, false).await {
-            Ok((_, fenced)) => fenced.fenced_read(name).await.map_err(|e| {
+        let read = match open_fenced(kind, endpoint, place).await {
+            Ok(fenced) => fenced.fenced_read(name).await.map_err(|e| {
                 let again = e.is_retryable();
                 (format!("reading the protected object: {e}"), again)
             }),

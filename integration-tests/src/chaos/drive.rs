@@ -2,6 +2,7 @@
 //! candidates, and measures how long the store went without a new term. Each scenario is one
 //! method of [`Drive`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use leader_core::Timing;
@@ -11,7 +12,7 @@ use super::measure::{Measured, expect_term, ms};
 use super::process::{Proc, leader, logs, term_after, terms_started_while_cut_off, wait_for};
 use super::restart::{Instance, Outage, outage};
 use super::scenario::{SLACK, Scenario};
-use super::{EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us};
+use super::{BackendKind, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us};
 use crate::proxy::ProxyFaults;
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
@@ -24,6 +25,12 @@ pub(super) struct RoundContext<'a> {
     pub(super) procs: &'a mut [Proc],
     /// The round's own store instance (restart rounds only).
     pub(super) store: Option<&'a mut Instance>,
+    /// The backend, for the scenario's bound.
+    pub(super) kind: BackendKind,
+    /// The quorum's member folders, in member order (the quorum of folders only).
+    pub(super) folders: Vec<PathBuf>,
+    /// The lease key.
+    pub(super) key: &'a str,
 }
 
 /// What [`drive`] saw while the fault was on.
@@ -50,7 +57,9 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
         timing: round.timing,
         procs: round.procs,
         store: round.store,
-        bound: round.scenario.bound(round.timing),
+        bound: round.scenario.bound(round.kind, round.timing),
+        folders: round.folders,
+        key: round.key,
         violations: Vec::new(),
         measured: Measured::default(),
         step_downs: 0,
@@ -71,6 +80,8 @@ struct Drive<'a> {
     timing: &'a Timing,
     procs: &'a mut [Proc],
     store: Option<&'a mut Instance>,
+    folders: Vec<PathBuf>,
+    key: &'a str,
     /// The scenario's bound on the failover, handover or recovery time, if it has one.
     bound: Option<Duration>,
     violations: Vec<String>,
@@ -93,6 +104,7 @@ impl Drive<'_> {
             Scenario::Stall => self.stall().await?,
             Scenario::Restart | Scenario::RestartEmpty => self.restart(l, token).await?,
             Scenario::Throttle | Scenario::Lossy | Scenario::Late => self.degrade().await?,
+            Scenario::MemberAway => self.member_away(l, token).await?,
         }
         Ok(())
     }
@@ -302,6 +314,77 @@ impl Drive<'_> {
         outage(round, &mut self.violations, &mut self.measured).await?;
         tokio::time::sleep(SETTLE).await;
         Ok(())
+    }
+
+    /// The quorum's last member, then its second, away (its folder renamed away) for longer
+    /// than the ttl and back: the leader `l` keeps term `token` throughout, and nobody else
+    /// begins a term.
+    async fn member_away(&mut self, l: usize, token: u64) -> Result<(), String> {
+        let (l, token) = self.carried_everywhere(l, token).await?;
+        let t = mono_us();
+        for i in [2, 1] {
+            let folder = self
+                .folders
+                .get(i)
+                .ok_or("a member-away round needs a quorum's folders")?
+                .clone();
+            let away = folder.with_extension("away");
+            std::fs::rename(&folder, &away)
+                .map_err(|e| format!("harness: renaming {folder:?} away: {e}"))?;
+            tokio::time::sleep(self.timing.ttl + SETTLE).await;
+            std::fs::rename(&away, &folder)
+                .map_err(|e| format!("harness: renaming {folder:?} back: {e}"))?;
+            // Back: the leader's next renews write it again.
+            tokio::time::sleep(self.timing.renew_every * 2).await;
+        }
+        let procs = &*self.procs;
+        if procs[l].term_ended(token).is_some() {
+            self.violations.push(format!(
+                "the leader {} lost term {token} while one member of three was away",
+                procs[l].id
+            ));
+        }
+        if let Some((n, other, _)) = term_after(procs, t, None) {
+            self.violations.push(format!(
+                "{} began term {other} while the leader held a majority",
+                procs[n].id
+            ));
+        }
+        Ok(())
+    }
+
+    /// A term may begin on a bare majority, and only a term that carries every member
+    /// survives the loss of any one: waits until the term of `token` (led by `l`) does, as the
+    /// quorum's status read shows it. A member another candidate wrote first is taken back
+    /// once that record times out; one whose token mark went above the term's never is, so
+    /// after two ttls the leader hands over (SIGTERM), and the next term is waited for the
+    /// same way. Returns the leader and token to take members away under.
+    async fn carried_everywhere(&mut self, l: usize, token: u64) -> Result<(usize, u64), String> {
+        let dir = self
+            .folders
+            .first()
+            .and_then(|f| f.parent())
+            .ok_or("a member-away round needs a quorum's folders")?
+            .to_path_buf();
+        let (mut l, mut token) = (l, token);
+        for _ in 0..3 {
+            let end = tokio::time::Instant::now() + self.timing.ttl * 2;
+            while tokio::time::Instant::now() < end {
+                if super::quorum_carries_everywhere(&dir, self.key, token).await {
+                    return Ok((l, token));
+                }
+                tokio::time::sleep(self.timing.renew_every).await;
+            }
+            let t = mono_us();
+            self.procs[l].signal(Signal::SIGTERM);
+            let wait_limit = self.wait_limit();
+            (l, token, _) = wait_for(wait_limit, || term_after(self.procs, t, Some(l)))
+                .await
+                .ok_or_else(|| format!("no new leader within {wait_limit:?} of the SIGTERM"))?;
+        }
+        Err(format!(
+            "harness: no term carried every member of the quorum (the last: {token})"
+        ))
     }
 
     /// A store that throttles, loses answers or delivers writes late for a while (with a

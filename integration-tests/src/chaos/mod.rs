@@ -23,11 +23,13 @@ mod restart;
 mod scenario;
 mod summary;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use leader::{OpenOptions, StoreUrl};
-use leader_core::{Error, FencedStore, LeaseBackend, LeaseKey, Timing};
+use leader_core::quorum::Quorum;
+use leader_core::{Elector, ElectorBuilder, Error, FencedStore, LeaseBackend, LeaseKey, Timing};
 use serde::{Deserialize, Serialize};
 
 /// The host's monotonic clock (`CLOCK_MONOTONIC`) in microseconds: the same clock in every
@@ -71,17 +73,22 @@ pub enum BackendKind {
     Etcd,
     /// ZooKeeper (a real server), behind a TCP-level proxy.
     ZooKeeper,
+    /// A quorum of three file stores (three folders, see [`quorum_folders`]), opened with
+    /// [`leader::quorum_from_urls`]: the election over a majority (`docs/quorum.md`), its fenced
+    /// objects on the first member. No proxy; a member goes away by renaming its folder.
+    QuorumFile,
 }
 
 impl BackendKind {
     /// Every backend.
-    pub const ALL: [BackendKind; 6] = [
+    pub const ALL: [BackendKind; 7] = [
         BackendKind::File,
         BackendKind::Azure,
         BackendKind::Dynamo,
         BackendKind::Gcs,
         BackendKind::Etcd,
         BackendKind::ZooKeeper,
+        BackendKind::QuorumFile,
     ];
 
     /// The name used on command lines and in summaries.
@@ -93,6 +100,7 @@ impl BackendKind {
             BackendKind::Gcs => "gcs",
             BackendKind::Etcd => "etcd",
             BackendKind::ZooKeeper => "zookeeper",
+            BackendKind::QuorumFile => "quorum-file",
         }
     }
 
@@ -104,7 +112,7 @@ impl BackendKind {
     /// The emulator it needs, if any.
     pub fn emulator(self) -> Option<crate::Emulator> {
         match self {
-            BackendKind::File => None,
+            BackendKind::File | BackendKind::QuorumFile => None,
             BackendKind::Azure => Some(crate::Emulator::Azurite),
             BackendKind::Dynamo => Some(crate::Emulator::DynamoDb),
             BackendKind::Gcs => Some(crate::Emulator::Gcs),
@@ -116,10 +124,21 @@ impl BackendKind {
     /// The shortest timing the store copes with in these drills: Azure grants leases of 15 s at
     /// least; GCS allows one write per second to an object; the DynamoDB emulator serialises
     /// requests; etcd's leases last whole seconds (2 s at least with its default election
-    /// timeout); ZooKeeper's sessions here last 400 ms at least.
+    /// timeout); ZooKeeper's sessions here last 400 ms at least; a quorum's renew writes
+    /// every member.
     pub fn timing(self) -> Timing {
         match self {
             BackendKind::File => Timing::from_ttl(Duration::from_secs(2)),
+            BackendKind::QuorumFile => {
+                // Room for slow file writes on a loaded machine: a renew that times out but
+                // lands makes the next one conflict with the term's own write, which drops
+                // that member (docs/quorum.md, rule 4), and with one member away ends the term.
+                let mut t = Timing::from_ttl(Duration::from_secs(2));
+                t.request_timeout = Duration::from_millis(400);
+                t.margin = Duration::from_millis(800);
+                t.renew_every = Duration::from_millis(500);
+                t
+            }
             BackendKind::Azure => Timing::from_ttl(Duration::from_secs(15)),
             BackendKind::Dynamo => {
                 let mut t = Timing::from_ttl(Duration::from_millis(2500));
@@ -147,9 +166,20 @@ impl BackendKind {
         }
     }
 
-    /// Whether it can sit behind a proxy (every backend but the file store).
+    /// Whether it can sit behind a proxy (every backend but the file store and the quorum of
+    /// folders).
     pub fn proxied(self) -> bool {
-        self != BackendKind::File
+        !matches!(self, BackendKind::File | BackendKind::QuorumFile)
+    }
+
+    /// How much longer than one store's an acquisition may take once the lease is free: none
+    /// for one store; over a quorum, a round of reads and two of writes (the first member
+    /// alone, then the others side by side), each bounded by the request timeout.
+    pub fn acquisition(self, t: &Timing) -> Duration {
+        match self {
+            BackendKind::QuorumFile => t.request_timeout * 3,
+            _ => Duration::ZERO,
+        }
     }
 
     /// Whether it speaks HTTP, so that its proxy can answer or drop single requests
@@ -269,6 +299,13 @@ pub async fn open_store(
             path: format!("/{place}"),
             key,
         },
+        BackendKind::QuorumFile => {
+            return Err(Error::InvalidConfig {
+                message: "a quorum is no one store: open it with open_election or open_fenced"
+                    .to_owned(),
+                source: None,
+            });
+        }
     };
     let options = OpenOptions::new()
         .with_emulator(true)
@@ -277,6 +314,82 @@ pub async fn open_store(
         .with_create_if_missing(create && kind != BackendKind::Gcs);
     let store = leader::open(&url, &options).await?;
     Ok((store.clone(), store))
+}
+
+/// The member folders of a quorum round in `dir` (the round's store directory), in member
+/// order: the protected objects live in the first.
+pub fn quorum_folders(dir: &Path) -> Vec<PathBuf> {
+    (0..3).map(|i| dir.join(format!("member{i}"))).collect()
+}
+
+/// The quorum of the folders in `dir` ([`quorum_folders`]), each named by a `file://` URL
+/// ending with `key`, opened the way `leader run --store ... --store ...` opens it.
+async fn open_quorum(dir: &str, key: &LeaseKey) -> Result<(Quorum, LeaseKey), Error> {
+    let urls: Vec<String> = quorum_folders(Path::new(dir))
+        .iter()
+        .map(|f| format!("file://{}/{key}", f.display()))
+        .collect();
+    leader::quorum_from_urls(&urls, &OpenOptions::new()).await
+}
+
+/// Whether one read of every member of the quorum of folders in `dir` shows the term of
+/// `token` held on each (the library's own status read, as `leader status` prints it).
+pub(crate) async fn quorum_carries_everywhere(dir: &Path, key: &str, token: u64) -> bool {
+    let Ok(key) = LeaseKey::new(key) else {
+        return false;
+    };
+    let Some(dir) = dir.to_str() else {
+        return false;
+    };
+    let Ok((quorum, key)) = open_quorum(dir, &key).await else {
+        return false;
+    };
+    let timeout = BackendKind::QuorumFile.timing().request_timeout;
+    match leader_core::quorum::read_status(&quorum, &key, timeout).await {
+        Ok(status) => status
+            .members
+            .iter()
+            .all(|m| m.error.is_none() && m.held && m.token == Some(token)),
+        Err(_) => false,
+    }
+}
+
+/// A candidate's election for `key` on `kind` at `endpoint` in `place` (as [`open_store`]),
+/// and the fenced store its protected object is written through: one store's elector and
+/// the store itself, or the quorum's elector and the quorum (objects on its first member).
+///
+/// # Errors
+/// The store's error when it cannot be configured or reached.
+pub async fn open_election(
+    kind: BackendKind,
+    endpoint: &str,
+    place: &str,
+    key: LeaseKey,
+) -> Result<(ElectorBuilder, Arc<dyn FencedStore>), Error> {
+    if kind == BackendKind::QuorumFile {
+        let (quorum, key) = open_quorum(endpoint, &key).await?;
+        let fenced: Arc<dyn FencedStore> = Arc::new(quorum.clone());
+        return Ok((Elector::quorum_builder(quorum, key), fenced));
+    }
+    let (backend, fenced) = open_store(kind, endpoint, place, false).await?;
+    Ok((Elector::builder(backend, key), fenced))
+}
+
+/// The fenced store the candidates of `kind` write their protected object through (see
+/// [`open_election`]), for reading it at the end of a round.
+///
+/// # Errors
+/// The store's error when it cannot be configured or reached.
+pub async fn open_fenced(
+    kind: BackendKind,
+    endpoint: &str,
+    place: &str,
+) -> Result<Arc<dyn FencedStore>, Error> {
+    let key = LeaseKey::new("chaos").map_err(|e| Error::InvalidConfig {
+        message: e.to_string(),
+        source: None,
+    })?;
+    Ok(open_election(kind, endpoint, place, key).await?.1)
 }
 
 /// [`open_store`] for the drill's own setup and checks, not a candidate's: an emulator busy

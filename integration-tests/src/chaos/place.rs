@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use super::{BackendKind, open_store_patiently};
+use super::{BackendKind, open_store_patiently, quorum_folders};
 
-/// Creates a fresh container, table or bucket (a folder `dir/store` for the file store) and
-/// returns (emulator URL, place).
+/// Creates a fresh container, table or bucket (a folder `dir/store` for the file store, and
+/// the member folders in it for the quorum of folders) and returns (emulator URL, place).
 ///
 /// # Errors
 /// A message if the emulator is not available or the place cannot be created.
@@ -13,6 +13,11 @@ pub async fn prepare(kind: BackendKind, dir: &Path) -> Result<(String, String), 
     let Some(emulator) = kind.emulator() else {
         let store = dir.join("store");
         std::fs::create_dir_all(&store).map_err(|e| format!("creating {store:?}: {e}"))?;
+        if kind == BackendKind::QuorumFile {
+            for folder in quorum_folders(&store) {
+                std::fs::create_dir(&folder).map_err(|e| format!("creating {folder:?}: {e}"))?;
+            }
+        }
         return Ok((store.display().to_string(), String::new()));
     };
     let endpoint = crate::endpoint(emulator)

@@ -44,11 +44,16 @@ pub enum Scenario {
     /// data folder wiped; the container, table or bucket is created again, as an operator
     /// would): the lease record is gone, and tokens must still rise.
     RestartEmpty,
+    /// A quorum's members away one at a time, each for longer than the ttl (their folders
+    /// renamed away and back): the last, then the second. The leader keeps its term
+    /// throughout and no other term begins: one member of three away costs nothing, and the
+    /// second outage holds only if the first member rejoined the term.
+    MemberAway,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Kill,
         Scenario::Stop,
         Scenario::Partition,
@@ -59,6 +64,7 @@ impl Scenario {
         Scenario::Late,
         Scenario::Restart,
         Scenario::RestartEmpty,
+        Scenario::MemberAway,
     ];
 
     /// The name used on command lines and in summaries.
@@ -74,6 +80,7 @@ impl Scenario {
             Scenario::Late => "late",
             Scenario::Restart => "restart",
             Scenario::RestartEmpty => "restart-empty",
+            Scenario::MemberAway => "member-away",
         }
     }
 
@@ -89,7 +96,8 @@ impl Scenario {
     /// and ZooKeeper take their tokens from the store's own counter (revision, zxid), which a
     /// wiped store starts again near zero: their backends refuse to go on below a token they
     /// have seen (an error that needs a person, by design), so the empty restart does not
-    /// apply to them (the drill saw exactly that refusal, and no violation, in every run).
+    /// apply to them (the drill saw exactly that refusal, and no violation, in every run). Only
+    /// a quorum has members to take away one at a time.
     pub fn applies_to(self, kind: BackendKind) -> bool {
         match self {
             Scenario::Kill | Scenario::Stop | Scenario::Term => true,
@@ -99,21 +107,24 @@ impl Scenario {
             Scenario::RestartEmpty => {
                 kind.proxied() && !matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper)
             }
+            Scenario::MemberAway => kind == BackendKind::QuorumFile,
         }
     }
 
-    /// The bound on the measured time: failover, handover or recovery.
-    pub fn bound(self, t: &Timing) -> Option<Duration> {
-        match self {
-            Scenario::Kill | Scenario::Stop | Scenario::Partition => {
-                Some(t.ttl + t.retry_every + SLACK)
-            }
+    /// The bound on the measured time on `kind`: failover, handover or recovery (plus what
+    /// an acquisition over a quorum adds, [`BackendKind::acquisition`]).
+    pub fn bound(self, kind: BackendKind, t: &Timing) -> Option<Duration> {
+        let bound = match self {
+            Scenario::Kill | Scenario::Stop | Scenario::Partition => t.ttl + t.retry_every,
             Scenario::Stall | Scenario::Restart | Scenario::RestartEmpty => {
-                Some(t.ttl + t.retry_every * 2 + SLACK)
+                t.ttl + t.retry_every * 2
             }
-            Scenario::Term => Some(t.poll_every.mul_f64(1.1) + SLACK),
-            Scenario::Throttle | Scenario::Lossy | Scenario::Late => None,
-        }
+            Scenario::Term => t.poll_every.mul_f64(1.1),
+            Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway => {
+                return None;
+            }
+        };
+        Some(bound + kind.acquisition(t) + SLACK)
     }
 }
 
@@ -121,7 +132,8 @@ impl Scenario {
 mod tests {
     use super::*;
 
-    /// Request-level faults need an HTTP proxy; the file store has no proxy at all.
+    /// Request-level faults need an HTTP proxy; the file store and the quorum of folders have
+    /// no proxy at all; only a quorum has members to take away.
     #[test]
     fn each_backend_gets_the_faults_its_proxy_can_make() {
         for kind in BackendKind::ALL {
@@ -129,17 +141,21 @@ mod tests {
                 let expected = match s {
                     Scenario::Kill | Scenario::Stop | Scenario::Term => true,
                     Scenario::Partition | Scenario::Stall | Scenario::Late => {
-                        kind != BackendKind::File
+                        !matches!(kind, BackendKind::File | BackendKind::QuorumFile)
                     }
                     Scenario::Throttle | Scenario::Lossy => matches!(
                         kind,
                         BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
                     ),
-                    Scenario::Restart => !matches!(kind, BackendKind::File | BackendKind::Dynamo),
+                    Scenario::Restart => !matches!(
+                        kind,
+                        BackendKind::File | BackendKind::QuorumFile | BackendKind::Dynamo
+                    ),
                     Scenario::RestartEmpty => matches!(
                         kind,
                         BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
                     ),
+                    Scenario::MemberAway => kind == BackendKind::QuorumFile,
                 };
                 assert_eq!(s.applies_to(kind), expected, "{s:?} on {kind:?}");
             }

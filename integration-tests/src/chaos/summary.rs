@@ -61,7 +61,9 @@ impl Measure {
             Scenario::Kill | Scenario::Stop | Scenario::Partition => Measure::Failover,
             Scenario::Stall | Scenario::Restart | Scenario::RestartEmpty => Measure::Recovery,
             Scenario::Term => Measure::Handover,
-            Scenario::Throttle | Scenario::Lossy | Scenario::Late => Measure::None,
+            Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway => {
+                Measure::None
+            }
         }
     }
 

@@ -36,7 +36,7 @@ pub(crate) async fn drill(kind: BackendKind, scenario: Scenario) {
         report.terms >= 2
             || matches!(
                 scenario,
-                Scenario::Throttle | Scenario::Lossy | Scenario::Late
+                Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway
             ),
         "{report:?}"
     );

@@ -113,7 +113,10 @@ impl Backend {
     /// Whose prices apply (none for the file store).
     fn cloud(self) -> Option<Cloud> {
         match self.kind() {
-            BackendKind::File | BackendKind::Etcd | BackendKind::ZooKeeper => None,
+            BackendKind::File
+            | BackendKind::QuorumFile
+            | BackendKind::Etcd
+            | BackendKind::ZooKeeper => None,
             BackendKind::Azure => Some(Cloud::Azure),
             BackendKind::Dynamo => Some(Cloud::Aws),
             BackendKind::Gcs => Some(Cloud::Gcp),

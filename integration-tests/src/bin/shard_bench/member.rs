@@ -213,6 +213,9 @@ pub(crate) async fn open(kind: BackendKind, url: &str, place: &str) -> Result<Co
     let fail = |e: leader_core::Error| format!("opening the {} store: {e}", kind.name());
     Ok(match kind {
         BackendKind::File => Counted::new(leader_core::FileStore::open(url).map_err(fail)?),
+        BackendKind::QuorumFile => {
+            return Err("sharded leadership is not offered over a quorum".to_owned());
+        }
         BackendKind::Azure => Counted::new(
             leader_azure::AzureLeaseStoreBuilder::new()
                 .with_emulator(url)
