@@ -3,7 +3,7 @@
 //! did.
 //!
 //! - [`candidate`]: the program each candidate process runs (`chaos_candidate`): an
-//!   [`Elector`](leader_core::Elector) on one backend, fenced writes while its term is valid,
+//!   [`Elector`] on one backend, fenced writes while its term is valid,
 //!   and one JSON [`Event`] per line on stdout, stamped with the host's monotonic clock.
 //! - [`checker`]: reads every candidate's events (and the protected object at the end) and
 //!   lists the violated invariants.
