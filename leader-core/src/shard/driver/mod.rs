@@ -171,6 +171,8 @@ pub(crate) struct Driver {
     highest: u64,
     /// The creation mark of the roster this instance last read.
     roster_seen: Option<u64>,
+    /// Whether that read found no roster (its mark was drawn by this instance).
+    roster_absent: bool,
     /// The roster was written again after a delete (or first seen on a key with a history):
     /// `Some(None)` until a plan naming it was seen, then since when (rule 3.2).
     roster_gap: Option<Option<Instant>>,
@@ -230,6 +232,7 @@ impl Driver {
             reapers: HashMap::new(),
             last_token: HashMap::new(),
             roster_seen: None,
+            roster_absent: false,
             roster_gap: None,
 
             max_ttl: p.timing.ttl,
@@ -753,7 +756,11 @@ impl Driver {
             "balance"
         );
         // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
-        if !candidates.is_empty() && joined {
+        // While the roster may lack a live member (rule 3.2), no take could be judged: the
+        // shard records are not read either (a fleet starting on a busy store would
+        // otherwise read up to a batch of them per instance per poll, for nothing).
+        let judged = !self.roster_gap_open() || self.planted(ShardFlaw::IgnoreClaims);
+        if !candidates.is_empty() && joined && judged {
             self.take(m, candidates).await?;
         }
         Ok(())
@@ -848,7 +855,14 @@ impl Driver {
         if recreated {
             // Deleted (an operator) and written again: until every live member has added
             // itself again, it does not list everyone whose claims matter (rule 3.2).
-            if self.roster_seen.is_some() {
+            // Found absent last time: most often the first writes of a fleet starting
+            // together, but a write and a delete may have come between, so the gap opens all
+            // the same; only the message differs.
+            if self.roster_absent {
+                debug!(
+                    "the roster was absent at the last look; no shard changes hands until every live member has listed itself"
+                );
+            } else if self.roster_seen.is_some() {
                 warn!(
                     "the roster was deleted; no shard changes hands until every live member lists itself again"
                 );
@@ -857,6 +871,7 @@ impl Driver {
             self.listed = None;
         }
         self.roster_seen = Some(roster.created);
+        self.roster_absent = *expected == Expected::Absent;
         let announced = self.plan_announced();
         self.saw_plan(announced);
     }
