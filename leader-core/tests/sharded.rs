@@ -701,12 +701,13 @@ impl FencedCas for CountingShardReads {
 /// A fleet starting together whose coordinator cannot trust the roster (rule 3.2): here a
 /// key with a history whose roster and plan an operator deleted; on a new key, a coordinator
 /// whose first write of the roster lost the race. Nobody trusts the roster until a plan has
-/// named it for a ttl. Meanwhile no take can be judged, and none reads a shard record: a take
-/// reads each record of its share a few times (the take, the check after publishing), not
-/// once a poll for the length of that wait (on a store that serialises its requests, such as
-/// moto, those reads starved the membership renews of eight processes).
+/// named it for a ttl. Meanwhile no take can be judged: an instance looks at the records of
+/// its share once per renew period (to start its clocks on their owners), and reads each a few
+/// times to take it (the take, the check after publishing), not once a poll for the length of
+/// that wait (on a store that serialises its requests, such as moto, those reads starved the
+/// membership renews of eight processes).
 #[tokio::test(start_paused = true)]
-async fn a_fleet_that_cannot_trust_its_roster_reads_no_shard_record_meanwhile() {
+async fn a_fleet_that_cannot_trust_its_roster_reads_few_shard_records_meanwhile() {
     let count = 6usize;
     let n = 600u32;
     let shared = MemoryStore::new();

@@ -1353,3 +1353,47 @@ async fn one_failed_renew_keeps_the_coordinator_lease() {
         "the coordinator lease changed term"
     );
 }
+
+/// G1 (from the review of the roster gap's reads). c crashes; an operator deletes its member
+/// record and the roster. Nobody may take c's shards before a ttl of c's absence on its own
+/// clock, nor before the roster can be trusted again (a ttl after a plan names it): the two
+/// waits run side by side, so c's shards move about a ttl after the crash. A taker that looked
+/// at no shard record while the roster could not be trusted started its clock on c's
+/// absence only after that, and moved them a ttl later.
+#[tokio::test(start_paused = true)]
+async fn g1_a_dead_members_shards_move_within_a_ttl_when_the_roster_is_deleted_too() {
+    let store = Arc::new(MemoryStore::new());
+    let n = 30;
+    let a = builder(&store, "a", n).build().unwrap().spawn();
+    work(&a);
+    sleep(Duration::from_secs(2)).await;
+    let b = builder(&store, "b", n).build().unwrap().spawn();
+    work(&b);
+    let (c, task) = builder(&store, "c", n).build().unwrap().into_parts();
+    let task = tokio::spawn(task);
+    work(&c);
+    until("a balanced fleet of three", 4 * TTL, || {
+        one_owner(&[&a, &b, &c]).is_ok_and(|led| led.iter().all(|l| l.len() == 10))
+    })
+    .await;
+    sleep(Duration::from_secs(5)).await;
+    task.abort();
+    store.delete(&member_key("c"));
+    store.delete_object(&object("queues.roster"));
+    let crashed = Instant::now();
+    let mut took = None;
+    while Instant::now() < crashed + 4 * TTL {
+        let led = one_owner(&[&a, &b]).unwrap();
+        if led.iter().map(BTreeMap::len).sum::<usize>() == n as usize {
+            took = Some(crashed.elapsed());
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    let took = took.expect("c's shards not led within four ttls");
+    assert!(
+        took < TTL + TTL / 2,
+        "c's shards moved {took:?} after the crash; expected about a ttl"
+    );
+    drop(c);
+}

@@ -168,6 +168,8 @@ pub(crate) struct Driver {
     adopt_retry: ShardSet,
     /// When adoptions are tried again next.
     adopt_due: Instant,
+    /// When the shard records are looked at next while the roster cannot be trusted.
+    gap_look_due: Instant,
     highest: u64,
     /// The creation mark of the roster this instance last read.
     roster_seen: Option<u64>,
@@ -206,6 +208,7 @@ impl Driver {
             unpublished: BTreeMap::new(),
             adopt_retry: ShardSet::new(p.shards),
             adopt_due: Instant::now(),
+            gap_look_due: Instant::now(),
             leases: p.leases,
             objects: p.objects,
             names: p.names,
@@ -756,14 +759,22 @@ impl Driver {
             "balance"
         );
         // Not in the roster yet: others would not see our claims (rule 3.2), take nothing.
-        // While the roster may lack a live member (rule 3.2), no take could be judged: the
-        // shard records are not read either (a fleet starting on a busy store would
-        // otherwise read up to a batch of them per instance per poll, for nothing).
-        let judged = !self.roster_gap_open() || self.planted(ShardFlaw::IgnoreClaims);
-        if !candidates.is_empty() && joined && judged {
-            self.take(m, candidates).await?;
+        if candidates.is_empty() || !joined {
+            return Ok(());
         }
-        Ok(())
+        // While the roster may lack a live member (rule 3.2), no take can be judged, but a
+        // look still starts this instance's own clocks on the owners' terms (an absent or
+        // unchanged record is timed from the first read) and settles claims of ours that
+        // are not needed: once per renew period, not each poll (a fleet starting on a busy
+        // store would otherwise read a batch of shard records per instance per poll).
+        if self.roster_gap_pending() && !self.planted(ShardFlaw::IgnoreClaims) {
+            let now = Instant::now();
+            if now < self.gap_look_due {
+                return Ok(());
+            }
+            self.gap_look_due = now + self.real(self.timing.renew_every);
+        }
+        self.take(m, candidates).await
     }
 
     /// The shards to try this poll, at most [`BATCH`]: of our own ended term first (rule 6),
@@ -1335,6 +1346,17 @@ impl Driver {
                 false
             }
             Some(_) => true,
+        }
+    }
+
+    /// As [`roster_gap_open`](Self::roster_gap_open), without closing a gap that has run
+    /// out: only a check made after a fresh read of the roster (which may raise the longest
+    /// ttl) closes one.
+    fn roster_gap_pending(&self) -> bool {
+        match self.roster_gap {
+            None => false,
+            Some(Some(since)) => since.elapsed() < self.wait_ttl(),
+            Some(None) => true,
         }
     }
 
