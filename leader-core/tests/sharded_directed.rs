@@ -1397,3 +1397,41 @@ async fn g1_a_dead_members_shards_move_within_a_ttl_when_the_roster_is_deleted_t
     );
     drop(c);
 }
+
+/// G2 (seed 15149 of the sharded simulation). a leads shard s. The operator deletes a's
+/// member record, a second process starts under the id `a` and takes the membership at once,
+/// and the operator deletes s's record. The first process acts on s until its next renew
+/// fails; its claim of s was in the record the second one replaced. A taker, the second
+/// process included, must count that earlier term of `a` as claiming every shard until it is
+/// over (a ttl after the later term was first seen), not read the later term's claims as all
+/// of `a`'s.
+async fn same_id_shard_deleted() -> Result<(), String> {
+    let store = Arc::new(MemoryStore::new());
+    let c = builder(&store, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", TTL, || c.led().len() == 2).await;
+    let first = builder(&store, "a", 2).build().unwrap().spawn();
+    work(&first);
+    until("one each", TTL, || {
+        c.led().len() == 1 && first.led().len() == 1
+    })
+    .await;
+    let s = *first.led().keys().next().unwrap();
+    next_renew_of(&store, "a").await;
+    store.delete(&member_key("a"));
+    let second = builder(&store, "a", 2).build().unwrap().spawn();
+    work(&second);
+    sleep(Duration::from_millis(300)).await;
+    store.delete_object(&object(&format!("queues.s.{s}")));
+    let end = Instant::now() + 2 * TTL;
+    while Instant::now() < end {
+        one_owner(&[&c, &first, &second])?;
+        sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn g2_an_earlier_term_of_our_own_id_claims_every_shard_until_it_is_over() {
+    same_id_shard_deleted().await.unwrap();
+}

@@ -1293,9 +1293,7 @@ impl Driver {
             if !self.stay(m).await {
                 return None;
             }
-            if let Some(claim) = self.claim_of(id).await? {
-                of.push(claim);
-            }
+            of.extend(self.claim_of(id).await?);
         }
         Some(Claims { of, complete })
     }
@@ -1305,16 +1303,14 @@ impl Driver {
         let (ids, complete) = self.claimant_ids().await?;
         let mut of = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some(claim) = self.claim_of(id).await? {
-                of.push(claim);
-            }
+            of.extend(self.claim_of(id).await?);
         }
         Some(Claims { of, complete })
     }
 
-    /// Everyone whose claims matter, other than us: the roster as it is now (a member may
-    /// have joined since this poll began), the members of the last plan, and every member
-    /// known otherwise; and whether that is everyone: not while a roster written again after
+    /// Everyone whose claims matter: the roster as it is now (a member may have joined since
+    /// this poll began), the members of the last plan, and every member known otherwise, our
+    /// own id included (another process may hold a term of it); and whether that is everyone: not while a roster written again after
     /// a delete may not list every live member yet (rule 3.2). `None` if the roster could not
     /// be read.
     async fn claimant_ids(&mut self) -> Option<(Vec<HolderId>, bool)> {
@@ -1326,9 +1322,9 @@ impl Driver {
         if let Some(plan) = &self.plan {
             ids.extend(plan.members.iter().map(|s| s.id.clone()));
         }
+        ids.push(self.me.clone());
         ids.sort();
         ids.dedup();
-        ids.retain(|id| *id != self.me);
         Some((ids, complete))
     }
 
@@ -1379,9 +1375,13 @@ impl Driver {
         }
     }
 
-    /// What `id` claims by a linearizable read of its record: `Some(None)` if it claims
-    /// nothing (its term is over), `None` if that is not known.
-    async fn claim_of(&mut self, id: HolderId) -> Option<Option<(HolderId, u64, ShardSet)>> {
+    /// What the terms of `id` claim by a linearizable read of its record: (id, term, claimed
+    /// set) of each term that may be live, none of this process's own; `None` if that is not
+    /// known. A term superseded by a later one of the same id claims every shard until it is
+    /// over (a ttl after the later one was first seen, rule 3.2): after an operator deleted
+    /// its record, a second process with that id can begin a term while the first still acts
+    /// until its next renew, and the record no longer says what the first claims.
+    async fn claim_of(&mut self, id: HolderId) -> Option<Vec<(HolderId, u64, ShardSet)>> {
         let key = self.names.member(&id);
         let read = within(
             self.real(self.timing.request_timeout),
@@ -1393,22 +1393,44 @@ impl Driver {
         match read {
             Ok(Ok(Some(stored))) => {
                 self.saw(&id, &stored);
-                if stored.record.is_held() && stored.record.holder == id {
+                let current = stored.record.token.0;
+                let mine = |t: u64| id == self.me && self.my_terms.contains(&t);
+                if seen > 0
+                    && seen < current
+                    && stored.record.holder == id
+                    && !mine(seen)
+                    && !self.ended.contains(&(id.clone(), seen))
+                {
+                    self.superseded
+                        .entry((id.clone(), seen))
+                        .or_insert_with(Instant::now);
+                }
+                let mut everything = ShardSet::new(self.n);
+                for s in 0..self.n {
+                    everything.insert(s);
+                }
+                let mut of: Vec<(HolderId, u64, ShardSet)> = self
+                    .superseded
+                    .keys()
+                    .filter(|(i, t)| *i == id && *t < current)
+                    .map(|(_, t)| (id.clone(), *t, everything.clone()))
+                    .collect();
+                if stored.record.is_held() && stored.record.holder == id && !mine(current) {
                     // Claims that cannot be read are unknown claims.
                     let set = claims_of(self.n, &stored.record.metadata)?;
-                    return Some(Some((id, stored.record.token.0, set)));
+                    of.push((id, current, set));
                 }
-                // Else released by it, or taken over: its term is over.
-                Some(None)
+                // Else ours, released by it, or taken over: that term is over.
+                Some(of)
             }
             // Expired by a store that enforces expiry: its term is over.
             Ok(Ok(None)) if self.leases.expiry_model() == ExpiryModel::EnforcedByStore => {
-                Some(None)
+                Some(Vec::new())
             }
             // Deleted: what it claimed is unknown until a ttl has passed (see is_over).
             Ok(Ok(None)) => {
                 let since = *self.absent.entry((id, seen)).or_insert_with(Instant::now);
-                (since.elapsed() >= self.wait_ttl()).then_some(None)
+                (since.elapsed() >= self.wait_ttl()).then_some(Vec::new())
             }
             _ => None,
         }
