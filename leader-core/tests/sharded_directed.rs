@@ -1435,3 +1435,46 @@ async fn same_id_shard_deleted() -> Result<(), String> {
 async fn g2_an_earlier_term_of_our_own_id_claims_every_shard_until_it_is_over() {
     same_id_shard_deleted().await.unwrap();
 }
+
+/// G2 as the review of its fix played it: the shard record deleted before the second
+/// process starts, or at once after, so that it never reads a record naming the first
+/// process's term; only the later term seen in the roster or the member record tells it.
+async fn same_id_shard_deleted_early(delete_before: bool) -> Result<(), String> {
+    let store = Arc::new(MemoryStore::new());
+    let c = builder(&store, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", TTL, || c.led().len() == 2).await;
+    let first = builder(&store, "a", 2).build().unwrap().spawn();
+    work(&first);
+    until("one each", TTL, || {
+        c.led().len() == 1 && first.led().len() == 1
+    })
+    .await;
+    let s = *first.led().keys().next().unwrap();
+    next_renew_of(&store, "a").await;
+    store.delete(&member_key("a"));
+    if delete_before {
+        store.delete_object(&object(&format!("queues.s.{s}")));
+    }
+    let second = builder(&store, "a", 2).build().unwrap().spawn();
+    work(&second);
+    if !delete_before {
+        store.delete_object(&object(&format!("queues.s.{s}")));
+    }
+    let end = Instant::now() + 2 * TTL;
+    while Instant::now() < end {
+        one_owner(&[&c, &first, &second])?;
+        sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn g2_with_the_shard_record_deleted_before_the_second_process_starts() {
+    same_id_shard_deleted_early(true).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn g2_with_the_shard_record_deleted_as_the_second_process_starts() {
+    same_id_shard_deleted_early(false).await.unwrap();
+}

@@ -303,8 +303,9 @@ impl Driver {
             };
             let observed = peer.client.observe().await;
             if let Ok(Some(s)) = &observed {
-                let token = self.last_token.entry(id.clone()).or_insert(0);
-                *token = (*token).max(s.record.token.0);
+                if s.record.holder == *id {
+                    self.raise_term(id, s.record.token.0);
+                }
                 self.max_ttl = self.max_ttl.max(s.record.ttl);
             }
             let own_ttl = self.timing.ttl;

@@ -844,8 +844,7 @@ impl Driver {
         // each new term before it takes a shard).
         self.max_ttl = self.max_ttl.max(roster.longest_ttl());
         for e in &roster.members {
-            let token = self.last_token.entry(e.id.clone()).or_insert(0);
-            *token = (*token).max(e.term);
+            self.raise_term(&e.id, e.term);
         }
         self.note_roster(&roster, &expected).await;
         Ok((roster, expected))
@@ -1395,16 +1394,6 @@ impl Driver {
                 self.saw(&id, &stored);
                 let current = stored.record.token.0;
                 let mine = |t: u64| id == self.me && self.my_terms.contains(&t);
-                if seen > 0
-                    && seen < current
-                    && stored.record.holder == id
-                    && !mine(seen)
-                    && !self.ended.contains(&(id.clone(), seen))
-                {
-                    self.superseded
-                        .entry((id.clone(), seen))
-                        .or_insert_with(Instant::now);
-                }
                 let mut everything = ShardSet::new(self.n);
                 for s in 0..self.n {
                     everything.insert(s);
@@ -1439,10 +1428,33 @@ impl Driver {
     /// Notes what a read of `id`'s member record showed: its latest term, its ttl, and that it
     /// is not absent now.
     fn saw(&mut self, id: &HolderId, stored: &Stored) {
-        let token = self.last_token.entry(id.clone()).or_insert(0);
-        *token = (*token).max(stored.record.token.0);
+        if stored.record.holder == *id {
+            self.raise_term(id, stored.record.token.0);
+        }
         self.max_ttl = self.max_ttl.max(stored.record.ttl);
         self.absent.retain(|(i, _), _| i != id);
+    }
+
+    /// Notes that `id` has begun membership term `term` (seen in its record or its roster
+    /// entry). A later term than the latest seen *supersedes* that one: after an operator's
+    /// delete, a second process with the id may have begun it while the first still acts
+    /// until its next renew, so the earlier term claims every shard until it is over (a ttl
+    /// after this first sight, rule 3.2), unless it is known over: a term of this process,
+    /// one ended already, or any term where the store ends a term whose record is deleted.
+    pub(super) fn raise_term(&mut self, id: &HolderId, term: u64) {
+        let seen = self.last_token.get(id).copied().unwrap_or(0);
+        if seen > 0
+            && seen < term
+            && !(*id == self.me && self.my_terms.contains(&seen))
+            && !self.ended.contains(&(id.clone(), seen))
+            && self.leases.expiry_model() != ExpiryModel::EnforcedByStore
+        {
+            self.superseded
+                .entry((id.clone(), seen))
+                .or_insert_with(Instant::now);
+        }
+        let token = self.last_token.entry(id.clone()).or_insert(0);
+        *token = (*token).max(term);
     }
 
     /// How long an absence or a new term of another member must be seen before its last term
