@@ -399,14 +399,17 @@ impl Driver {
         }
         gone.retain(|e| roster.members.contains(e));
         // A lagging read may show a member's earlier term: never list it back in one older
-        // than the latest known of it.
+        // than the latest known of it. Only ids the roster lists in no term: an entry of an
+        // earlier term is replaced by its member, which reads it first, so that the later
+        // term of an id never hides the earlier one from the process that began it (once the
+        // earlier term is over, the prune removes its entry and the next look lists the id).
         let missing: Vec<Entry> = self
             .peers
             .iter()
             .filter(|(id, p)| {
                 p.live
                     && p.term >= self.last_token.get(*id).copied().unwrap_or(0)
-                    && !self.listed_in(roster, id, p.term)
+                    && !roster.members.iter().any(|e| e.id == **id)
             })
             .map(|(id, p)| Entry {
                 id: id.clone(),
@@ -442,8 +445,7 @@ impl Driver {
             now.members.retain(|e| !gone.contains(e));
         }
         for e in missing {
-            let newer = now.members.iter().any(|k| k.id == e.id && k.term > e.term);
-            if !newer && !self.listed_in(&now, &e.id, e.term) {
+            if !now.members.iter().any(|k| k.id == e.id) {
                 let ttl = self.max_ttl;
                 now.enter(&e.id, e.term, ttl);
             }

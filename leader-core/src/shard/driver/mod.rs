@@ -1404,6 +1404,8 @@ impl Driver {
                     .filter(|(i, t)| *i == id && *t < current)
                     .map(|(_, t)| (id.clone(), *t, everything.clone()))
                     .collect();
+                // In term order, not the map's: a seed plays the same history every time.
+                of.sort_by_key(|(_, t, _)| *t);
                 if stored.record.is_held() && stored.record.holder == id && !mine(current) {
                     // Claims that cannot be read are unknown claims.
                     let set = claims_of(self.n, &stored.record.metadata)?;
