@@ -310,11 +310,23 @@ async fn writes_per_hour_grow_with_instances_not_shards() {
     );
 }
 
-/// The memory store as one instance reaches it, counting its reads of every kind.
+/// The memory store as one instance reaches it, counting its reads of every kind, and of
+/// shard records alone.
 #[derive(Debug)]
 struct CountingReads {
     store: MemoryStore,
     reads: AtomicU64,
+    shard_reads: AtomicU64,
+}
+
+impl CountingReads {
+    fn new(store: &MemoryStore) -> Arc<Self> {
+        Arc::new(Self {
+            store: store.clone(),
+            reads: AtomicU64::new(0),
+            shard_reads: AtomicU64::new(0),
+        })
+    }
 }
 
 #[async_trait]
@@ -332,6 +344,9 @@ impl LeaseBackend for CountingReads {
 impl FencedCas for CountingReads {
     async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if object.as_str().contains(".s.") {
+            self.shard_reads.fetch_add(1, Ordering::Relaxed);
+        }
         self.store.get_fenced(object).await
     }
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
@@ -355,14 +370,8 @@ async fn a_members_reads_do_not_grow_with_the_fleet() {
     let polls = window.as_secs_f64() / poll.as_secs_f64();
     for count in [3usize, 12] {
         let shared = MemoryStore::new();
-        let sides: Vec<Arc<CountingReads>> = (0..count)
-            .map(|_| {
-                Arc::new(CountingReads {
-                    store: shared.clone(),
-                    reads: AtomicU64::new(0),
-                })
-            })
-            .collect();
+        let sides: Vec<Arc<CountingReads>> =
+            (0..count).map(|_| CountingReads::new(&shared)).collect();
         let n = 24;
         let handles: Vec<ShardedHandle> = sides
             .iter()
@@ -668,36 +677,6 @@ async fn a_shard_term_reports_each_membership_renew() {
     handle.shutdown().await;
 }
 
-/// The memory store as one instance reaches it, counting its reads of shard records.
-#[derive(Debug)]
-struct CountingShardReads {
-    store: MemoryStore,
-    shard_reads: AtomicU64,
-}
-
-#[async_trait]
-impl LeaseBackend for CountingShardReads {
-    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
-        self.store.read(key).await
-    }
-    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
-        self.store.write(request).await
-    }
-}
-
-#[async_trait]
-impl FencedCas for CountingShardReads {
-    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
-        if object.as_str().contains(".s.") {
-            self.shard_reads.fetch_add(1, Ordering::Relaxed);
-        }
-        self.store.get_fenced(object).await
-    }
-    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
-        self.store.put_fenced_if(put).await
-    }
-}
-
 /// A fleet starting together whose coordinator cannot trust the roster (rule 3.2): here a
 /// key with a history whose roster and plan an operator deleted; on a new key, a coordinator
 /// whose first write of the roster lost the race. Nobody trusts the roster until a plan has
@@ -712,14 +691,8 @@ async fn a_fleet_that_cannot_trust_its_roster_reads_few_shard_records_meanwhile(
     let n = 600u32;
     let shared = MemoryStore::new();
     for round in 0..2 {
-        let sides: Vec<Arc<CountingShardReads>> = (0..count)
-            .map(|_| {
-                Arc::new(CountingShardReads {
-                    store: shared.clone(),
-                    shard_reads: AtomicU64::new(0),
-                })
-            })
-            .collect();
+        let sides: Vec<Arc<CountingReads>> =
+            (0..count).map(|_| CountingReads::new(&shared)).collect();
         let handles: Vec<ShardedHandle> = sides
             .iter()
             .enumerate()

@@ -1511,18 +1511,6 @@ impl FencedCas for SlowRoster {
     }
 }
 
-/// The term the roster lists `id` in.
-async fn listed_term(store: &MemoryStore, id: &str) -> Option<u64> {
-    let found = store.get_fenced(&object("queues.roster")).await.unwrap()?;
-    let v: serde_json::Value = serde_json::from_slice(&found.value).unwrap();
-    v["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["id"] == id)
-        .and_then(|e| e["term"].as_u64())
-}
-
 /// G3 (the third review of G2's fix). As G2, but the second process's first roster read is
 /// slow. The coordinator must not replace `a`'s entry of the earlier term by the later one
 /// meanwhile (that entry is how the second process learns of the earlier term, whose shard
@@ -1541,7 +1529,7 @@ async fn g3_the_coordinator_does_not_hide_an_earlier_term_from_its_successor() {
     })
     .await;
     let s = *first.led().keys().next().unwrap();
-    let t1 = listed_term(&store, "a").await.unwrap();
+    let t1 = roster_term_of(&store, "a").await.unwrap();
     next_renew_of(&store, "a").await;
     store.delete(&member_key("a"));
     store.delete_object(&object(&format!("queues.s.{s}")));
@@ -1555,7 +1543,7 @@ async fn g3_the_coordinator_does_not_hide_an_earlier_term_from_its_successor() {
     // Until the roster lists a in a later term (the coordinator's doing: the second process
     // cannot read the roster yet), or for two ttls.
     let end = Instant::now() + 2 * TTL;
-    while Instant::now() < end && listed_term(&store, "a").await.is_none_or(|t| t <= t1) {
+    while Instant::now() < end && roster_term_of(&store, "a").await.is_none_or(|t| t <= t1) {
         one_owner(&[&c, &first, &second]).unwrap();
         sleep(Duration::from_millis(5)).await;
     }

@@ -200,6 +200,11 @@ impl Roster {
         ids
     }
 
+    /// Whether `id` is listed, in any membership term.
+    pub(crate) fn lists_id(&self, id: &HolderId) -> bool {
+        self.members.iter().any(|e| e.id == *id)
+    }
+
     /// Whether `id` is listed in membership term `term`.
     pub(crate) fn lists(&self, id: &HolderId, term: u64) -> bool {
         self.members.iter().any(|e| e.id == *id && e.term == term)
@@ -251,6 +256,15 @@ impl ShardSet {
             n,
             bits: vec![0; n.div_ceil(64) as usize],
         }
+    }
+
+    /// Every shard of `0..n`.
+    pub(crate) fn all(n: u32) -> Self {
+        let mut set = Self::new(n);
+        for s in 0..n {
+            set.insert(s);
+        }
+        set
     }
 
     /// The number of shards it is a subset of.

@@ -362,7 +362,7 @@ impl Driver {
         judged.extend(
             self.peers
                 .iter()
-                .filter(|(id, _)| !roster.members.iter().any(|e| e.id == **id))
+                .filter(|(id, _)| !roster.lists_id(id))
                 .map(|(id, p)| Entry {
                     id: id.clone(),
                     term: p.term,
@@ -409,7 +409,7 @@ impl Driver {
             .filter(|(id, p)| {
                 p.live
                     && p.term >= self.last_token.get(*id).copied().unwrap_or(0)
-                    && !roster.members.iter().any(|e| e.id == **id)
+                    && !roster.lists_id(id)
             })
             .map(|(id, p)| Entry {
                 id: id.clone(),
@@ -445,7 +445,7 @@ impl Driver {
             now.members.retain(|e| !gone.contains(e));
         }
         for e in missing {
-            if !now.members.iter().any(|k| k.id == e.id) {
+            if !now.lists_id(&e.id) {
                 let ttl = self.max_ttl;
                 now.enter(&e.id, e.term, ttl);
             }
@@ -460,7 +460,7 @@ impl Driver {
                 "the roster: removed members whose term is over, listed live ones it lacked"
             );
             for e in gone {
-                if !now.members.iter().any(|k| k.id == e.id) {
+                if !now.lists_id(&e.id) {
                     self.peers.remove(&e.id);
                 }
             }

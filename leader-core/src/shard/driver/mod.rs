@@ -980,7 +980,7 @@ impl Driver {
     /// term (the review's finding F2).
     fn listed_in(&self, roster: &Roster, id: &HolderId, term: u64) -> bool {
         if self.planted(ShardFlaw::PruneById) {
-            roster.members.iter().any(|e| e.id == *id)
+            roster.lists_id(id)
         } else {
             roster.lists(id, term)
         }
@@ -1309,9 +1309,9 @@ impl Driver {
 
     /// Everyone whose claims matter: the roster as it is now (a member may have joined since
     /// this poll began), the members of the last plan, and every member known otherwise, our
-    /// own id included (another process may hold a term of it); and whether that is everyone: not while a roster written again after
-    /// a delete may not list every live member yet (rule 3.2). `None` if the roster could not
-    /// be read.
+    /// own id included (another process may hold a term of it); and whether that is everyone:
+    /// not while a roster written again after a delete may not list every live member yet
+    /// (rule 3.2). `None` if the roster could not be read.
     async fn claimant_ids(&mut self) -> Option<(Vec<HolderId>, bool)> {
         let (roster, expected) = self.read_roster().await.ok()?;
         let complete = expected != Expected::Absent && !self.roster_gap_open();
@@ -1333,15 +1333,11 @@ impl Driver {
     /// follows the coordinator lease) and lists itself again; the coordinator also lists every
     /// live member it knows.
     fn roster_gap_open(&mut self) -> bool {
-        let ttl = self.wait_ttl();
-        match self.roster_gap {
-            None => false,
-            Some(Some(since)) if since.elapsed() >= ttl => {
-                self.roster_gap = None;
-                false
-            }
-            Some(_) => true,
+        let open = self.roster_gap_pending();
+        if !open {
+            self.roster_gap = None;
         }
+        open
     }
 
     /// As [`roster_gap_open`](Self::roster_gap_open), without closing a gap that has run
@@ -1393,20 +1389,22 @@ impl Driver {
             Ok(Ok(Some(stored))) => {
                 self.saw(&id, &stored);
                 let current = stored.record.token.0;
-                let mine = |t: u64| id == self.me && self.my_terms.contains(&t);
-                let mut everything = ShardSet::new(self.n);
-                for s in 0..self.n {
-                    everything.insert(s);
-                }
-                let mut of: Vec<(HolderId, u64, ShardSet)> = self
+                let mut superseded: Vec<u64> = self
                     .superseded
                     .keys()
                     .filter(|(i, t)| *i == id && *t < current)
-                    .map(|(_, t)| (id.clone(), *t, everything.clone()))
+                    .map(|(_, t)| *t)
                     .collect();
                 // In term order, not the map's: a seed plays the same history every time.
-                of.sort_by_key(|(_, t, _)| *t);
-                if stored.record.is_held() && stored.record.holder == id && !mine(current) {
+                superseded.sort_unstable();
+                let mut of: Vec<(HolderId, u64, ShardSet)> = superseded
+                    .into_iter()
+                    .map(|t| (id.clone(), t, ShardSet::all(self.n)))
+                    .collect();
+                if stored.record.is_held()
+                    && stored.record.holder == id
+                    && !self.is_my_term(&id, current)
+                {
                     // Claims that cannot be read are unknown claims.
                     let set = claims_of(self.n, &stored.record.metadata)?;
                     of.push((id, current, set));
@@ -1437,6 +1435,11 @@ impl Driver {
         self.absent.retain(|(i, _), _| i != id);
     }
 
+    /// Whether `(id, term)` is a membership term this process has held.
+    fn is_my_term(&self, id: &HolderId, term: u64) -> bool {
+        *id == self.me && self.my_terms.contains(&term)
+    }
+
     /// Notes that `id` has begun membership term `term` (seen in its record or its roster
     /// entry). A later term than the latest seen *supersedes* that one: after an operator's
     /// delete, a second process with the id may have begun it while the first still acts
@@ -1447,7 +1450,7 @@ impl Driver {
         let seen = self.last_token.get(id).copied().unwrap_or(0);
         if seen > 0
             && seen < term
-            && !(*id == self.me && self.my_terms.contains(&seen))
+            && !self.is_my_term(id, seen)
             && !self.ended.contains(&(id.clone(), seen))
             && self.leases.expiry_model() != ExpiryModel::EnforcedByStore
         {
