@@ -29,6 +29,7 @@ fn flaw(name: &str) -> Option<ShardFlaw> {
         "observer-ttl" => ShardFlaw::ObserverTtl,
         "trust-the-plan" => ShardFlaw::TrustThePlan,
         "claims-for-absent-only" => ShardFlaw::ClaimsForAbsentOnly,
+        "roster-from-mark" => ShardFlaw::RosterFromMark,
         _ => return None,
     })
 }
@@ -79,7 +80,7 @@ fn main() -> ExitCode {
                     eprintln!(
                         "unknown flaw {value}: none|lagging-owner-read|ignore-claims|no-reservation|\
                          owner-by-id|no-claims-recheck|no-token-recheck|prune-by-id|no-unclaimed-net|observer-ttl|\
-                         trust-the-plan|claims-for-absent-only"
+                         trust-the-plan|claims-for-absent-only|roster-from-mark"
                     );
                     return ExitCode::from(64);
                 };

@@ -677,10 +677,9 @@ async fn a_shard_term_reports_each_membership_renew() {
     handle.shutdown().await;
 }
 
-/// A fleet starting together whose coordinator cannot trust the roster (rule 3.2): here a
-/// key with a history whose roster and plan an operator deleted; on a new key, a coordinator
-/// whose first write of the roster lost the race. Nobody trusts the roster until a plan has
-/// named it for a ttl. Meanwhile no take can be judged: an instance looks at the records of
+/// A fleet starting together on a new key trusts its first roster at once; one starting on a
+/// key with a history whose roster and plan an operator deleted cannot trust the roster
+/// written again (rule 3.2) until a plan has named it for a ttl. Meanwhile no take can be judged: an instance looks at the records of
 /// its share once per renew period (to start its clocks on their owners), and reads each a few
 /// times to take it (the take, the check after publishing), not once a poll for the length of
 /// that wait (on a store that serialises its requests, such as moto, those reads starved the
@@ -711,6 +710,9 @@ async fn a_fleet_that_cannot_trust_its_roster_reads_few_shard_records_meanwhile(
             h.shutdown().await;
         }
         if round == 0 {
+            // A new key: the history mark names the roster its writer created, which every
+            // other instance then trusts at its first look (nobody waits a ttl).
+            assert!(took < TTL, "a new key's fleet waited {took:?}");
             shared.delete_object(&ObjectName::new("queues.roster").unwrap());
             shared.delete_object(&ObjectName::new("queues.plan").unwrap());
             continue;

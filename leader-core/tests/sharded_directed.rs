@@ -33,6 +33,11 @@
 //!
 //! And of its third review: R5, a lagging read must not list a member back in an older term;
 //! and one failed renew of the coordinator lease must not lose it.
+//!
+//! And of a fleet's start (the history mark names the key's first roster): K1, a coordinator
+//! whose mark lost the race must trust the first roster at once; K2 and K3, a first roster's
+//! write lost on its way must not pass for the first roster if it lands after a delete, its
+//! writer alive (K2) or crashed (K3).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeMap;
@@ -73,6 +78,8 @@ struct Parking {
     armed: Mutex<Option<(ObjectName, bool)>>,
     arrived: Notify,
     go: Arc<Notify>,
+    /// Every call hangs while set (the instance is cut off from the store).
+    frozen: Arc<AtomicBool>,
 }
 
 impl Parking {
@@ -82,7 +89,15 @@ impl Parking {
             armed: Mutex::new(None),
             arrived: Notify::new(),
             go: Arc::new(Notify::new()),
+            frozen: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Until the instance is no longer cut off.
+    async fn thawed(&self) {
+        while self.frozen.load(Ordering::SeqCst) {
+            sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Parks the next write of `name`; `lost`: its writer hears nothing back.
@@ -104,9 +119,11 @@ impl Parking {
 #[async_trait]
 impl LeaseBackend for Parking {
     async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.thawed().await;
         self.store.read(key).await
     }
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.thawed().await;
         self.store.write(request).await
     }
 }
@@ -114,9 +131,11 @@ impl LeaseBackend for Parking {
 #[async_trait]
 impl FencedCas for Parking {
     async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.thawed().await;
         self.store.get_fenced(object).await
     }
     async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.thawed().await;
         let parked = {
             let mut armed = self.armed.lock().unwrap();
             match armed.as_ref() {
@@ -1131,8 +1150,7 @@ async fn r2_an_absence_is_timed_for_the_members_latest_term() {
 /// delete a late write of t names t (which does not act) and t leaves. Then the coordinator
 /// dies, and the operator deletes the roster and the plan. A new instance j, which knows
 /// nobody, must not take shard 1 while x claims it, although the record names an ended term.
-#[tokio::test(start_paused = true)]
-async fn r3_a_new_coordinator_knowing_nobody_takes_no_ended_term_record() {
+async fn r3(flaw: ShardFlaw) -> Result<(), String> {
     let store = MemoryStore::new();
     let cut = FaultControl::new();
     let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
@@ -1155,6 +1173,7 @@ async fn r3_a_new_coordinator_knowing_nobody_takes_no_ended_term_record() {
     store.delete_object(&object("queues.roster"));
     store.delete_object(&object("queues.plan"));
     let j = builder(&Arc::new(store.clone()), "j", 2)
+        .flaw(flaw)
         .build()
         .unwrap()
         .spawn();
@@ -1166,12 +1185,28 @@ async fn r3_a_new_coordinator_knowing_nobody_takes_no_ended_term_record() {
             x_renewed = Instant::now();
         }
         list_again_if_planned_elsewhere(&store, &x).await;
-        assert!(
-            !j.led().contains_key(&1),
-            "j leads shard 1 while x, live, claims it"
-        );
+        if j.led().contains_key(&1) {
+            return Err("j leads shard 1 while x, live, claims it".to_owned());
+        }
         sleep(Duration::from_millis(5)).await;
     }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn r3_a_new_coordinator_knowing_nobody_takes_no_ended_term_record() {
+    r3(ShardFlaw::None).await.unwrap();
+}
+
+/// With a roster written again that takes the creation mark of the key's first roster (which
+/// the history mark names), j trusts it at once and takes shard 1 beside x.
+#[tokio::test(start_paused = true)]
+async fn r3_with_the_first_rosters_mark_reused_j_takes_beside_x() {
+    let found = r3(ShardFlaw::RosterFromMark).await;
+    assert!(
+        found.is_err_and(|e| e.contains("while x, live, claims it")),
+        "the planted flaw was not caught"
+    );
 }
 
 /// R4. x's writes of shards 2 and 3 are lost on the way, and so is y's write of shard 3 (the
@@ -1551,6 +1586,206 @@ async fn g3_the_coordinator_does_not_hide_an_earlier_term_from_its_successor() {
     let end = Instant::now() + 2 * TTL;
     while Instant::now() < end {
         one_owner(&[&c, &first, &second]).unwrap();
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// K1, a fleet starting together on a new key. a holds the coordinator lease, but b's history
+/// mark lands first (a's is held on its way), so b creates the key's first roster. a, the
+/// coordinator, must trust that roster at its first look (the mark names it) and plan at once:
+/// every shard led within a few polls, not after a wait of a ttl for members to list
+/// themselves again (the wait of a roster written again after a delete, which a first look
+/// could not tell from this one before the mark named the first roster).
+#[tokio::test(start_paused = true)]
+async fn k1_a_coordinator_that_lost_the_mark_race_trusts_the_first_roster() {
+    let store = MemoryStore::new();
+    let a_side = Parking::new(&store);
+    a_side.arm("queues.history", false);
+    let n = 4;
+    let a = builder(&a_side, "a", n).build().unwrap().spawn();
+    work(&a);
+    a_side.arrived().await;
+    let started = Instant::now();
+    let b = builder(&Arc::new(store.clone()), "b", n)
+        .build()
+        .unwrap()
+        .spawn();
+    work(&b);
+    while store
+        .get_fenced(&object("queues.roster"))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(started.elapsed() < TTL, "b never created the roster");
+        sleep(Duration::from_millis(5)).await;
+    }
+    a_side.go();
+    until("both lead two shards each", TTL, || {
+        one_owner(&[&a, &b]).is_ok_and(|led| led.iter().all(|l| l.len() == 2))
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < TTL / 2,
+        "the fleet took {took:?} to share the shards"
+    );
+    let coord = store
+        .read(&LeaseKey::new("queues.coord").unwrap())
+        .await
+        .unwrap()
+        .expect("a coordinator");
+    assert_eq!(coord.record.holder.as_str(), "a", "a coordinates");
+}
+
+/// K2. a's mark names the roster it creates next, but that roster's write is lost on its way
+/// (it may still land). Before a writes another roster, its mark must name none: else the
+/// lost write, landing after an operator deleted the roster written instead, would pass for
+/// the key's first roster at every first look.
+#[tokio::test(start_paused = true)]
+async fn k2_a_first_roster_write_lost_on_its_way_voids_the_mark() {
+    let store = MemoryStore::new();
+    let a_side = Parking::new(&store);
+    a_side.arm("queues.roster", true);
+    let a = builder(&a_side, "a", 2).build().unwrap().spawn();
+    work(&a);
+    a_side.arrived().await;
+    let mark = object("queues.history");
+    let named = store.get_fenced(&mark).await.unwrap().expect("a's mark");
+    assert!(
+        String::from_utf8_lossy(&named.value).starts_with("first-roster "),
+        "a's mark names no roster: {:?}",
+        String::from_utf8_lossy(&named.value)
+    );
+    until("a leads both shards", 4 * TTL, || a.led().len() == 2).await;
+    let now = store.get_fenced(&mark).await.unwrap().expect("the mark");
+    assert!(
+        now.value.is_empty(),
+        "a wrote another roster while its mark still names the lost one: {:?}",
+        String::from_utf8_lossy(&now.value)
+    );
+    // The lost write lands after an operator's delete, and names a roster nobody trusts.
+    store.delete_object(&object("queues.roster"));
+    a_side.go();
+    sleep(Duration::from_millis(100)).await;
+    let landed = store.get_fenced(&object("queues.roster")).await.unwrap();
+    assert!(landed.is_some(), "the lost write did not land");
+}
+
+/// K3 (the review of the first-roster mark). a's mark names X, X's write is lost on its way,
+/// and a crashes before it writes any other roster (so it never voids its own mark). c creates
+/// Y a renew period later; R3's setting follows on Y. Then the operator deletes Y, the plan
+/// and the token lease (on etcd and ZooKeeper a reserver that dies holding it removes it too),
+/// and X lands. j, new, must not trust X at its first look: x, live, is not in it.
+#[tokio::test(start_paused = true)]
+async fn k3_a_first_roster_landing_after_its_creator_crashed_is_not_trusted() {
+    let store = MemoryStore::new();
+    let a_side = Parking::new(&store);
+    a_side.arm("queues.roster", true);
+    let (a, a_task) = builder(&a_side, "a", 2).build().unwrap().into_parts();
+    let a_task = tokio::spawn(a_task);
+    a_side.arrived().await;
+    a_task.abort();
+    let _ = a_task.await;
+    drop(a);
+    let cut = FaultControl::new();
+    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
+    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
+    let revision = released(&store, 1, &mut x).await;
+    let k = reserve(&store, "x").await;
+    x.take(&store, 1, revision, k).await;
+    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
+    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
+    store.delete_object(&object("queues.s.1"));
+    let k = reserve(&store, "t").await;
+    t.take(&store, 1, Expected::Absent, k).await;
+    assert!(t.client.release().await.unwrap());
+    let mut x_renewed = Instant::now();
+    next_renew_of(&store, "c").await;
+    cut.update(|f| f.down = true);
+    store.delete_object(&object("queues.roster"));
+    store.delete_object(&object("queues.plan"));
+    store.delete(&LeaseKey::new("queues.tokens").unwrap());
+    a_side.go(); // X, lost on its way, lands now
+    sleep(Duration::from_millis(50)).await;
+    assert!(
+        store
+            .get_fenced(&object("queues.roster"))
+            .await
+            .unwrap()
+            .is_some(),
+        "X did not land"
+    );
+    let j = builder(&Arc::new(store.clone()), "j", 2)
+        .build()
+        .unwrap()
+        .spawn();
+    work(&j);
+    let end = Instant::now() + 4 * TTL;
+    while Instant::now() < end {
+        if x_renewed.elapsed() >= Duration::from_secs(5) {
+            x.client.renew().await.unwrap();
+            x_renewed = Instant::now();
+        }
+        list_again_if_planned_elsewhere(&store, &x).await;
+        assert!(
+            !j.led().contains_key(&1),
+            "j leads shard 1 while x, live, claims it"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// K4 (the same review). As K3, but a does not crash: it is cut off from the store from its
+/// lost write of X until X lands after Y's time. a must not take X for the roster it last
+/// saw (it never saw X there): it waits for every live member to list itself again, and so
+/// does not take shard 1 while x, live, claims it.
+#[tokio::test(start_paused = true)]
+async fn k4_a_creators_own_roster_landing_late_is_not_trusted_by_it() {
+    let store = MemoryStore::new();
+    let a_side = Parking::new(&store);
+    a_side.arm("queues.roster", true);
+    let a = builder(&a_side, "a", 2).build().unwrap().spawn();
+    work(&a);
+    a_side.arrived().await;
+    a_side.frozen.store(true, Ordering::SeqCst);
+    let cut = FaultControl::new();
+    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
+    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
+    let revision = released(&store, 1, &mut x).await;
+    let k = reserve(&store, "x").await;
+    x.take(&store, 1, revision, k).await;
+    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
+    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
+    store.delete_object(&object("queues.s.1"));
+    let k = reserve(&store, "t").await;
+    t.take(&store, 1, Expected::Absent, k).await;
+    assert!(t.client.release().await.unwrap());
+    let mut x_renewed = Instant::now();
+    next_renew_of(&store, "c").await;
+    cut.update(|f| f.down = true);
+    store.delete_object(&object("queues.roster"));
+    store.delete_object(&object("queues.plan"));
+    a_side.go(); // X, lost on its way, lands now
+    sleep(Duration::from_millis(50)).await;
+    a_side.frozen.store(false, Ordering::SeqCst);
+    let end = Instant::now() + 4 * TTL;
+    while Instant::now() < end {
+        if x_renewed.elapsed() >= Duration::from_secs(5) {
+            x.client.renew().await.unwrap();
+            x_renewed = Instant::now();
+        }
+        list_again_if_planned_elsewhere(&store, &x).await;
+        assert!(
+            !a.led().contains_key(&1),
+            "a leads shard 1 while x, live, claims it"
+        );
         sleep(Duration::from_millis(5)).await;
     }
 }

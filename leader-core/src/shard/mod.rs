@@ -111,6 +111,10 @@ pub enum ShardFlaw {
     /// whose owner's term is over, is taken although another live member claims the shard
     /// (it may act on it after an operator's delete met a late write).
     ClaimsForAbsentOnly,
+    /// A roster written again after a delete takes the creation mark the history mark names
+    /// (that of the key's first roster), so that it passes for the first: nobody waits for
+    /// live members to list themselves again.
+    RosterFromMark,
 }
 
 /// Configures a [`ShardedElector`]. Durations left unset are derived from `ttl` as in

@@ -75,7 +75,8 @@ impl Names {
     }
 
     /// The mark that the key has a history: written by the first instance that finds it
-    /// absent, never removed by an instance.
+    /// absent, never removed by an instance. It names the key's first roster when its writer
+    /// created that roster right after it ([`HistoryMark`]).
     pub(crate) fn history(&self) -> &ObjectName {
         &self.history
     }
@@ -128,6 +129,28 @@ impl ShardRecord {
 
     pub(crate) fn decode(name: &ObjectName, bytes: &[u8]) -> Result<Self, Error> {
         decode(name, bytes, "shard record")
+    }
+}
+
+/// The history mark's content: the creation mark of the key's first roster, written by the
+/// instance that created that roster, before it, on a key that showed no history; or nothing
+/// (written beside a roster already there, or by earlier builds, whose marks are empty).
+pub(crate) struct HistoryMark;
+
+impl HistoryMark {
+    pub(crate) fn encode(first_roster: Option<u64>) -> Vec<u8> {
+        first_roster
+            .map(|created| format!("first-roster {created}").into_bytes())
+            .unwrap_or_default()
+    }
+
+    /// The first roster the mark names, if it names one.
+    pub(crate) fn first_roster(bytes: &[u8]) -> Option<u64> {
+        std::str::from_utf8(bytes)
+            .ok()?
+            .strip_prefix("first-roster ")?
+            .parse()
+            .ok()
     }
 }
 

@@ -15,7 +15,8 @@
 //!   `shards` shards: time to take them all, store calls per hour of one instance while
 //!   nothing changes hands, then the time to converge after one more process joins and after
 //!   one is SIGKILLed; then `procs` processes with one single-key elector per shard (a range
-//!   of keys each) and their store calls per hour, counted the same way ([`counted`]).
+//!   of keys each) and their store calls per hour, counted the same way ([`counted`];
+//!   `single_window=0` skips them).
 //! - **members** (per fleet size in `sizes`, [`members_part`]): in one process per size and
 //!   scheme ([`members`]), that many instances on one shared in-memory store share
 //!   `member_shards` shards: each instance's store calls per hour (the coordinator's apart),

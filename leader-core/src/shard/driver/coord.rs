@@ -226,7 +226,11 @@ impl Driver {
     /// and pruned, and a new plan if the members or their claims call for one.
     pub(super) async fn coordinate(&mut self, m: &mut Membership) -> Result<(), Error> {
         let (roster, expected) = self.read_roster().await?;
-        self.enter_roster(m, roster.clone(), expected).await?;
+        let absent = expected == Expected::Absent;
+        if !self.enter_roster(m, roster.clone(), expected).await? && absent {
+            // No roster, and this instance did not create one (yet): no plan names it.
+            return Ok(());
+        }
         // The roster's members, the last plan's, and the peers already known: a roster an
         // operator deleted loses nobody here.
         let mut ids = roster.ids();

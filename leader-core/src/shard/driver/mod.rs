@@ -16,7 +16,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::plan::Plan;
 use super::records::{
-    Names, Roster, ShardRecord, ShardSet, ShardState, claims_metadata, claims_of,
+    HistoryMark, Names, Roster, ShardRecord, ShardSet, ShardState, claims_metadata, claims_of,
 };
 use super::{Assignment, ShardFlaw, Shared};
 use crate::backend::{
@@ -29,7 +29,7 @@ use crate::elector::{ElectorTask, Problem, is_permanent};
 use crate::error::{Error, ErrorKind};
 use crate::lease::{Acquisition, Grant, LeaseClient, Renewal};
 use crate::model::{HolderId, ObjectName};
-use crate::rand::Rng;
+use crate::rand::{Rng, stable_hash};
 use crate::term::{TermDeadline, TermSlot, term_over};
 use crate::token::FencingToken;
 
@@ -175,6 +175,17 @@ pub(crate) struct Driver {
     roster_seen: Option<u64>,
     /// Whether that read found no roster (its mark was drawn by this instance).
     roster_absent: bool,
+    /// Since when this instance, which has not seen a roster yet, has found none beside a
+    /// history mark (another instance may be creating the first one).
+    create_held: Option<Instant>,
+    /// The history mark this instance wrote naming the roster it then created, with the
+    /// mark's revision, while that roster's write has an unknown outcome: a late landing,
+    /// after a delete, would pass for the key's first roster, so the mark is voided before
+    /// this instance writes another roster.
+    mark_to_void: Option<(u64, Revision)>,
+    /// This instance's last write of a new roster has an unknown outcome: seen later, that
+    /// roster may have landed after others were written and deleted, so it is not trusted.
+    created_unknown: bool,
     /// The roster was written again after a delete (or first seen on a key with a history):
     /// `Some(None)` until a plan naming it was seen, then since when (rule 3.2).
     roster_gap: Option<Option<Instant>>,
@@ -236,6 +247,9 @@ impl Driver {
             last_token: HashMap::new(),
             roster_seen: None,
             roster_absent: false,
+            create_held: None,
+            mark_to_void: None,
+            created_unknown: false,
             roster_gap: None,
 
             max_ttl: p.timing.ttl,
@@ -817,15 +831,21 @@ impl Driver {
             Some((bytes, revision)) => {
                 (Roster::decode(&name, &bytes)?, Expected::Revision(revision))
             }
-            None => (
-                Roster {
+            None => {
+                // With the planted flaw, a roster written again takes the mark the history
+                // mark names, and so passes for the key's first roster.
+                let from_mark = match self.planted(ShardFlaw::RosterFromMark) {
+                    true => self.mark().await.ok().flatten().and_then(|m| m.0),
+                    false => None,
+                };
+                let roster = Roster {
                     v: 2,
                     shards: self.n,
                     members: Vec::new(),
-                    created: self.rng.next_u64(),
-                },
-                Expected::Absent,
-            ),
+                    created: from_mark.unwrap_or_else(|| self.creation_mark()),
+                };
+                (roster, Expected::Absent)
+            }
         };
         if roster.shards != self.n {
             return Err(Error::InvalidConfig {
@@ -851,16 +871,19 @@ impl Driver {
     }
 
     /// Notes a roster read: if it was deleted and written again (or this is a first look at
-    /// a key with a history), absent shard records wait a ttl (rule 3.2).
+    /// a roster that may have been), takes wait until every live member has listed itself
+    /// again (rule 3.2).
     async fn note_roster(&mut self, roster: &Roster, expected: &Expected) {
+        let unknown = std::mem::take(&mut self.created_unknown);
         let recreated = match self.roster_seen {
-            Some(created) => *expected == Expected::Absent || created != roster.created,
+            Some(created) => *expected == Expected::Absent || created != roster.created || unknown,
+            // A first look, and no roster: whether this instance may create it, and whether
+            // takes then wait, is decided when it writes it (`may_create_roster`).
+            None if *expected == Expected::Absent => return,
             // A first look: this process cannot tell a roster written again after a delete
-            // from one that never changed. If the key has a history (a plan, or a record of
-            // its token lease), takes wait until every live member has had the time to list
-            // itself again (rule 3.2); on a new key, nothing waits.
-            None if self.plan.is_some() || self.max_version > 0 => true,
-            None => self.has_history().await,
+            // from one that never changed, unless the history mark names it (the key's first
+            // roster) or the key shows no history at all.
+            None => !self.first_roster(roster.created).await,
         };
         if recreated {
             // Deleted (an operator) and written again: until every live member has added
@@ -882,35 +905,169 @@ impl Driver {
         }
         self.roster_seen = Some(roster.created);
         self.roster_absent = *expected == Expected::Absent;
+        self.create_held = None;
+        // The roster our mark names, seen there: it has landed, and cannot land again.
+        if *expected != Expected::Absent
+            && self
+                .mark_to_void
+                .as_ref()
+                .is_some_and(|(x, _)| *x == roster.created)
+        {
+            self.mark_to_void = None;
+        }
         let announced = self.plan_announced();
         self.saw_plan(announced);
     }
 
-    /// Whether the key has a history: its history mark is there (else it is written now: the
-    /// key is new), or its token lease has a record. Not known: yes. (The token lease alone
-    /// may be absent for a moment on etcd and ZooKeeper, whose leases vanish with their term,
-    /// so the mark, which no instance removes, decides.)
-    async fn has_history(&mut self) -> bool {
-        let name = self.names.history().clone();
-        match self.get(&name, "reading the history mark").await {
-            Ok(Some(_)) => return true,
-            Ok(None) => {}
-            Err(_) => return true,
+    /// A creation mark for a roster this instance writes, never drawn twice for a key: it
+    /// covers this instance's id and latest membership term (a member record's tokens never
+    /// repeat), so that processes seeded alike (a fixed `jitter_seed`) draw different ones.
+    fn creation_mark(&mut self) -> u64 {
+        let term = self.my_terms.iter().max().copied().unwrap_or(0);
+        let draw = self.rng.next_u64();
+        stable_hash(&format!("{} {term} {draw}", self.me))
+    }
+
+    /// A first look at a roster that is there: whether it lists every live member at once.
+    /// Yes if the history mark names it: its creator wrote the mark, on a key that showed no
+    /// history, right before creating it, so it is the key's first roster and was never
+    /// deleted (a roster written again draws a new creation mark), and every member that ever
+    /// took a shard listed itself in it. On a key without a mark (an earlier build's, or one
+    /// an operator deleted), yes only if nothing else shows a history either and this
+    /// instance writes the mark now (naming no roster: for every other instance, a history).
+    async fn first_roster(&mut self, created: u64) -> bool {
+        match self.mark().await {
+            Ok(Some((first, _))) => first == Some(created) && self.no_token_record().await,
+            Ok(None) => {
+                !self.other_history().await
+                    && self.write_mark(&Expected::Absent, None).await.is_some()
+            }
+            Err(_) => false,
         }
+    }
+
+    /// A first look found no roster: whether this instance may create it now, and if so
+    /// whether takes then wait (rule 3.2). On a key that shows no history, the instance whose
+    /// history mark (naming the roster it is about to write) lands first creates it, and
+    /// nobody waits; the others create nothing and read again at their next poll, when the
+    /// roster is there. A mark already there means another instance is creating the first
+    /// roster, or the roster was deleted: this instance waits a renew period for the first,
+    /// then writes one itself, after which takes wait.
+    async fn may_create_roster(&mut self, created: u64) -> bool {
+        let gap = match self.mark().await {
+            Err(_) => return false,
+            Ok(Some((first, _))) if first == Some(created) => false,
+            Ok(Some((first, revision))) => {
+                let since = *self.create_held.get_or_insert_with(Instant::now);
+                if since.elapsed() < self.real(self.timing.renew_every) {
+                    return false;
+                }
+                // A mark that names a roster which is not there: its write may still land
+                // (its writer gone or cut off) and must not pass for the first roster then,
+                // so the mark names none before this instance writes another.
+                let expected = Expected::Revision(revision);
+                if first.is_some() && self.write_mark(&expected, None).await.is_none() {
+                    return false; // tried again at the next poll
+                }
+                true
+            }
+            Ok(None) if self.other_history().await => {
+                self.write_mark(&Expected::Absent, None).await;
+                true
+            }
+            Ok(None) => {
+                let Some(revision) = self.write_mark(&Expected::Absent, Some(created)).await else {
+                    return false;
+                };
+                self.mark_to_void = Some((created, revision));
+                false
+            }
+        };
+        if gap {
+            debug!(
+                "no roster on a key with a history: creating one; no shard changes hands until every live member has listed itself"
+            );
+            self.roster_gap = Some(None);
+            self.listed = None;
+        }
+        self.roster_seen = Some(created);
+        self.roster_absent = true;
+        self.create_held = None;
+        true
+    }
+
+    /// The history mark, if there: the first roster it names, if any, and its revision.
+    async fn mark(&mut self) -> Result<Option<(Option<u64>, Revision)>, Error> {
+        let name = self.names.history().clone();
+        let found = self.get(&name, "reading the history mark").await?;
+        Ok(found.map(|(bytes, revision)| (HistoryMark::first_roster(&bytes), revision)))
+    }
+
+    /// Whether the token lease has no record: no token was ever reserved for the key, so no
+    /// shard record was ever taken (unless an operator deleted it, or on etcd and ZooKeeper a
+    /// reserver died holding it, which removes the record with its term). Not known: no.
+    async fn no_token_record(&mut self) -> bool {
         let tokens = within(
             self.real(self.timing.request_timeout),
             self.leases.read(self.names.tokens()),
         )
         .await;
-        let history = !matches!(tokens, Ok(Ok(None)));
+        matches!(tokens, Ok(Ok(None)))
+    }
+
+    /// Whether anything but the history mark shows that the key has a history: a plan, or a
+    /// record of its token lease. Not known: yes. (The token lease alone may be absent for a
+    /// moment on etcd and ZooKeeper, whose leases vanish with their term, so the mark, which
+    /// no instance removes, decides where it is there.)
+    async fn other_history(&mut self) -> bool {
+        if self.plan.is_some() || self.max_version > 0 {
+            return true;
+        }
+        !self.no_token_record().await
+    }
+
+    /// Writes the history mark if it is as `expected`, naming `first_roster`: its revision if
+    /// this write put it there (none if another instance's came first, or the outcome is not
+    /// known).
+    async fn write_mark(
+        &mut self,
+        expected: &Expected,
+        first_roster: Option<u64>,
+    ) -> Option<Revision> {
+        let name = self.names.history().clone();
         let fence = Fence::new(self.names.key().clone(), self.me.clone(), FencingToken(0));
-        let put = FencedPut::new(&fence, &name, &Expected::Absent, b"").without_lease_check();
+        let value = HistoryMark::encode(first_roster);
+        let put = FencedPut::new(&fence, &name, expected, &value).without_lease_check();
         let limit = self.real(self.timing.request_timeout);
         match within(limit, self.objects.put_fenced_if(put)).await {
-            Ok(Ok(ObjectWrite::Written(_))) => history,
-            // Written by another instance meanwhile, or not known: a history.
-            _ => true,
+            Ok(Ok(ObjectWrite::Written(revision))) => Some(revision),
+            _ => None,
         }
+    }
+
+    /// Voids the history mark this instance wrote for a roster whose write has an unknown
+    /// outcome (it names no roster from then on): whether that is done, or moot (the mark
+    /// changed: it no longer names that roster).
+    async fn void_mark(&mut self) -> bool {
+        let Some((_, revision)) = self.mark_to_void.clone() else {
+            return true;
+        };
+        let expected = Expected::Revision(revision);
+        let done = match self.write_mark(&expected, None).await {
+            Some(_) => true,
+            // Not written: done if the mark no longer names that roster (read again).
+            None => match self.mark().await {
+                Ok(Some((Some(first), _))) => {
+                    Some(first) != self.mark_to_void.as_ref().map(|m| m.0)
+                }
+                Ok(_) => true,
+                Err(_) => false,
+            },
+        };
+        if done {
+            self.mark_to_void = None;
+        }
+        done
     }
 
     /// Lists this instance in the roster in its membership term, unless it is already (the
@@ -956,9 +1113,33 @@ impl Driver {
             self.listed = Some((term, roster.created, Instant::now()));
             return Ok(true);
         }
+        if expected == Expected::Absent {
+            if self.roster_seen.is_none() && !self.may_create_roster(roster.created).await {
+                return Ok(false);
+            }
+            // Another roster than the one our mark names, whose write may still land: the
+            // mark first names none (else, landing after this one was deleted, it would pass
+            // for the first).
+            let first = self.mark_to_void.as_ref().map(|(x, _)| *x);
+            if first.is_some_and(|x| x != roster.created) && !self.void_mark().await {
+                return Ok(false);
+            }
+        }
         roster.enter(&self.me, term, self.timing.ttl);
         let name = self.names.roster().clone();
-        match self.put(m, &name, &expected, &roster.encode()).await {
+        let written = self.put(m, &name, &expected, &roster.encode()).await;
+        // Landed, or answered not applied: it cannot land later.
+        let known = matches!(written, Ok(Put::Written(_) | Put::Conflict));
+        if known
+            && self
+                .mark_to_void
+                .as_ref()
+                .is_some_and(|(x, _)| *x == roster.created)
+        {
+            self.mark_to_void = None;
+        }
+        self.created_unknown = expected == Expected::Absent && !known;
+        match written {
             Ok(Put::Written(_)) => {
                 info!(members = roster.members.len(), "joined the roster");
                 self.listed = Some((term, roster.created, Instant::now()));
