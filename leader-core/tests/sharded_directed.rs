@@ -35,9 +35,10 @@
 //! and one failed renew of the coordinator lease must not lose it.
 //!
 //! And of a fleet's start (the history mark names the key's first roster): K1, a coordinator
-//! whose mark lost the race must trust the first roster at once; K2 and K3, a first roster's
-//! write lost on its way must not pass for the first roster if it lands after a delete, its
-//! writer alive (K2) or crashed (K3).
+//! whose mark lost the race must trust the first roster at once; K2-K5, a first roster's
+//! write that lands late must not pass for the first roster after a delete, its writer alive
+//! (K2), crashed (K3), cut off (K4) or answered late (K5), nor for its writer (K4, K5); K6, a
+//! winning mark whose answer was lost must still name the roster its writer creates.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeMap;
@@ -1788,4 +1789,126 @@ async fn k4_a_creators_own_roster_landing_late_is_not_trusted_by_it() {
         );
         sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Refuses the coordinator-lease writes of one instance while `refuse` is set (another
+/// instance must coordinate meanwhile).
+#[derive(Debug)]
+struct NoCoord {
+    inner: Arc<Parking>,
+    refuse: AtomicBool,
+}
+
+#[async_trait]
+impl LeaseBackend for NoCoord {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.inner.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        if self.refuse.load(Ordering::SeqCst) && request.key.as_str() == "queues.coord" {
+            return Ok(WriteOutcome::Conflict { current: None });
+        }
+        self.inner.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for NoCoord {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        self.inner.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.inner.put_fenced_if(put).await
+    }
+}
+
+/// K5 (the second review of the first-roster mark). As K4, but a's write of X is slow, not
+/// lost: it lands after Y's time and a hears that it was written (a request timeout longer
+/// than the others' renew period and ttl; a pause between the mark write and the roster write
+/// does the same at any timing). a must not trust X: the mark no longer names it.
+#[tokio::test(start_paused = true)]
+async fn k5_a_creators_roster_landing_late_with_an_answer_is_not_trusted() {
+    let store = MemoryStore::new();
+    let parking = Parking::new(&store);
+    parking.arm("queues.roster", false);
+    let a_side = Arc::new(NoCoord {
+        inner: parking.clone(),
+        refuse: AtomicBool::new(true),
+    });
+    let a = builder(&a_side, "a", 2)
+        .ttl(Duration::from_secs(300))
+        .request_timeout(Duration::from_secs(90))
+        .margin(Duration::from_secs(180))
+        .renew_every(Duration::from_secs(20))
+        .build()
+        .unwrap()
+        .spawn();
+    work(&a);
+    parking.arrived().await;
+    let cut = FaultControl::new();
+    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
+    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
+    let revision = released(&store, 1, &mut x).await;
+    let k = reserve(&store, "x").await;
+    x.take(&store, 1, revision, k).await;
+    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
+    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
+    store.delete_object(&object("queues.s.1"));
+    let k = reserve(&store, "t").await;
+    t.take(&store, 1, Expected::Absent, k).await;
+    assert!(t.client.release().await.unwrap());
+    let mut x_renewed = Instant::now();
+    next_renew_of(&store, "c").await;
+    cut.update(|f| f.down = true);
+    store.delete_object(&object("queues.roster"));
+    store.delete_object(&object("queues.plan"));
+    parking.go(); // X lands now, and a hears it landed
+    sleep(Duration::from_millis(50)).await;
+    a_side.refuse.store(false, Ordering::SeqCst);
+    let end = Instant::now() + 40 * TTL;
+    while Instant::now() < end {
+        if x_renewed.elapsed() >= Duration::from_secs(5) {
+            x.client.renew().await.unwrap();
+            x_renewed = Instant::now();
+        }
+        list_again_if_planned_elsewhere(&store, &x).await;
+        assert!(
+            !a.led().contains_key(&1),
+            "a leads shard 1 while x, live, claims it"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// K6. At a fleet's start, the answer to a's winning mark write is lost (the mark landed).
+/// a must read the mark back and create the roster it names, so that nobody waits: before,
+/// a drew another creation mark, nobody ever wrote the one the mark named, and the fleet
+/// waited a renew period and then a ttl.
+#[tokio::test(start_paused = true)]
+async fn k6_a_winning_mark_whose_answer_was_lost_still_names_the_first_roster() {
+    let store = MemoryStore::new();
+    let a_side = Parking::new(&store);
+    a_side.arm("queues.history", true);
+    let a = builder(&a_side, "a", 4).build().unwrap().spawn();
+    work(&a);
+    a_side.arrived().await;
+    a_side.go();
+    let started = Instant::now();
+    let b = builder(&Arc::new(store.clone()), "b", 4)
+        .build()
+        .unwrap()
+        .spawn();
+    work(&b);
+    until("both lead two shards each", 6 * TTL, || {
+        one_owner(&[&a, &b]).is_ok_and(|led| led.iter().all(|l| l.len() == 2))
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < TTL / 2,
+        "the fleet took {took:?} to share the shards"
+    );
 }

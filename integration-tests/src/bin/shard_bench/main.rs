@@ -161,6 +161,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Settings, String
                 s.members.settle = s.fleet.settle;
             }
             "window" => s.fleet.window = seconds(name, value)?,
+            "single_window" if value == "0" => s.fleet.single_window = Duration::ZERO,
             "single_window" => s.fleet.single_window = seconds(name, value)?,
             "out" => s.out = Some(PathBuf::from(value)),
             "dir" => s.fleet.dir = PathBuf::from(value),

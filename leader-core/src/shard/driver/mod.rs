@@ -972,7 +972,10 @@ impl Driver {
                 true
             }
             Ok(None) if self.other_history().await => {
-                self.write_mark(&Expected::Absent, None).await;
+                // A mark written meanwhile may name a roster: judged at the next poll.
+                if self.write_mark(&Expected::Absent, None).await.is_none() {
+                    return false;
+                }
                 true
             }
             Ok(None) => {
@@ -1027,8 +1030,8 @@ impl Driver {
     }
 
     /// Writes the history mark if it is as `expected`, naming `first_roster`: its revision if
-    /// this write put it there (none if another instance's came first, or the outcome is not
-    /// known).
+    /// this write put it there, or if its answer was lost and a read shows the mark as it was
+    /// to be written (none if another instance's came first, or the outcome is not known).
     async fn write_mark(
         &mut self,
         expected: &Expected,
@@ -1041,8 +1044,19 @@ impl Driver {
         let limit = self.real(self.timing.request_timeout);
         match within(limit, self.objects.put_fenced_if(put)).await {
             Ok(Ok(ObjectWrite::Written(revision))) => Some(revision),
-            _ => None,
+            Ok(Ok(ObjectWrite::Conflict)) => None,
+            // Not known: as the mark reads now (a mark naming a roster is this write's alone;
+            // one naming none is as good from any writer).
+            _ => match self.get(&name, "reading the history mark back").await {
+                Ok(Some((bytes, revision))) if bytes == value => Some(revision),
+                _ => None,
+            },
         }
+    }
+
+    /// The roster the mark this instance may have to void names.
+    fn mark_to_void_roster(&self) -> Option<u64> {
+        self.mark_to_void.as_ref().map(|(x, _)| *x)
     }
 
     /// Voids the history mark this instance wrote for a roster whose write has an unknown
@@ -1055,10 +1069,13 @@ impl Driver {
         let expected = Expected::Revision(revision);
         let done = match self.write_mark(&expected, None).await {
             Some(_) => true,
-            // Not written: done if the mark no longer names that roster (read again).
+            // Not written: done if the mark no longer names that roster (read again); if it
+            // still does (at another revision: written again by a late copy of our write
+            // after a delete), voided at that revision next time.
             None => match self.mark().await {
-                Ok(Some((Some(first), _))) => {
-                    Some(first) != self.mark_to_void.as_ref().map(|m| m.0)
+                Ok(Some((Some(first), now))) if Some(first) == self.mark_to_void_roster() => {
+                    self.mark_to_void = Some((first, now));
+                    false
                 }
                 Ok(_) => true,
                 Err(_) => false,
@@ -1130,13 +1147,23 @@ impl Driver {
         let written = self.put(m, &name, &expected, &roster.encode()).await;
         // Landed, or answered not applied: it cannot land later.
         let known = matches!(written, Ok(Put::Written(_) | Put::Conflict));
-        if known
-            && self
-                .mark_to_void
-                .as_ref()
-                .is_some_and(|(x, _)| *x == roster.created)
+        if let Some((x, revision)) = self.mark_to_void.clone()
+            && x == roster.created
         {
-            self.mark_to_void = None;
+            // Landed: trusted only if the mark still names it at our revision. A write that
+            // took long may land after another instance, tired of waiting, voided the mark
+            // and wrote a roster that was then deleted (rule 3.2).
+            if matches!(written, Ok(Put::Written(_)))
+                && !matches!(self.mark().await, Ok(Some((Some(first), now))) if first == x && now == revision)
+            {
+                debug!(
+                    "our first roster landed after the mark was voided; waiting as after a delete"
+                );
+                self.roster_gap = Some(None);
+            }
+            if known {
+                self.mark_to_void = None;
+            }
         }
         self.created_unknown = expected == Expected::Absent && !known;
         match written {
