@@ -14,8 +14,8 @@ use leader_core::backend::{
 };
 use leader_core::simulation::{FaultControl, FaultyStore};
 use leader_core::{
-    Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseKey, MemoryStore, ObjectName,
-    ShardedElector, ShardedHandle, Term, read_status,
+    Acquisition, Error, FencedStore, FencingToken, HolderId, LeaseBackend, LeaseClient, LeaseKey,
+    MemoryStore, ObjectName, ShardedElector, ShardedHandle, Term, Timing, read_status,
 };
 use tokio::time::{Instant, sleep};
 
@@ -727,4 +727,76 @@ async fn a_fleet_that_cannot_trust_its_roster_reads_few_shard_records_meanwhile(
             );
         }
     }
+}
+
+/// The memory store as one instance reaches it, counting its shard-record reads; at its first,
+/// another taker (`z`) takes the token lease, and releases it 100 ms later.
+#[derive(Debug)]
+struct TokensBusyAtFirstRead {
+    store: MemoryStore,
+    shard_reads: AtomicU64,
+    other: tokio::sync::Mutex<Option<LeaseClient>>,
+}
+
+#[async_trait]
+impl LeaseBackend for TokensBusyAtFirstRead {
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Stored>, Error> {
+        self.store.read(key).await
+    }
+    async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
+        self.store.write(request).await
+    }
+}
+
+#[async_trait]
+impl FencedCas for TokensBusyAtFirstRead {
+    async fn get_fenced(&self, object: &ObjectName) -> Result<Option<FencedObject>, Error> {
+        if object.as_str().contains(".s.") {
+            self.shard_reads.fetch_add(1, Ordering::Relaxed);
+            if let Some(mut z) = self.other.lock().await.take() {
+                assert!(matches!(
+                    z.try_acquire().await.unwrap(),
+                    Acquisition::Acquired(_)
+                ));
+                tokio::spawn(async move {
+                    sleep(Duration::from_millis(100)).await;
+                    assert!(z.release().await.unwrap());
+                });
+            }
+        }
+        self.store.get_fenced(object).await
+    }
+    async fn put_fenced_if(&self, put: FencedPut<'_>) -> Result<ObjectWrite, Error> {
+        self.store.put_fenced_if(put).await
+    }
+}
+
+/// A batch whose token reservation meets another taker's (holding the token lease between its
+/// take and its release) waits for it rather than dropping the records it has just read:
+/// takers starting together on a slow store spent most of their looks reading records for
+/// nothing.
+#[tokio::test(start_paused = true)]
+async fn a_batch_waits_a_moment_for_another_takers_reservation() {
+    let store = MemoryStore::new();
+    let z = LeaseClient::new(
+        Arc::new(store.clone()),
+        LeaseKey::new("queues.tokens").unwrap(),
+        HolderId::new("z").unwrap(),
+        Timing::from_ttl(TTL),
+    )
+    .unwrap();
+    let side = Arc::new(TokensBusyAtFirstRead {
+        store: store.clone(),
+        shard_reads: AtomicU64::new(0),
+        other: tokio::sync::Mutex::new(Some(z)),
+    });
+    let n = 20;
+    let a = start(&side, "a", n);
+    work(&a);
+    until_checked(&[&a], TTL, |led| led[0].len() == n as usize).await;
+    // Each record read to take it and once back after the renew: not read again for a
+    // second look.
+    let reads = side.shard_reads.load(Ordering::Relaxed);
+    assert!(reads <= 2 * u64::from(n), "{reads} shard-record reads");
+    a.shutdown().await;
 }

@@ -585,7 +585,7 @@ impl Driver {
                 Err(_) => {}
             }
         }
-        self.recheck_absent_takes(&mut verified).await;
+        self.recheck_absent_takes(&mut verified, m.next_renew).await;
         self.start_terms(m, &verified);
     }
 
@@ -594,8 +594,10 @@ impl Driver {
     /// again after an operator's delete: our write, decided before, may have landed after
     /// another member took the shard and started acting (it published its claim before it
     /// acted, so we see it here). Such a shard is not led; it stays claimed, as a record of
-    /// ours to adopt once nobody else claims it (rule 7). Unknown claims: it stays pending.
-    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet) {
+    /// ours to adopt once nobody else claims it (rule 7). Unknown claims (or not read by
+    /// `until`, when the next renew is due: a slow store must not hold it up): it stays
+    /// pending.
+    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet, until: Instant) {
         let absent: Vec<u32> = verified
             .iter()
             .filter(|s| self.owned.get(s).is_some_and(|o| o.from_absent))
@@ -604,9 +606,9 @@ impl Driver {
             return;
         }
         let Some(claims) = self
-            .claims_after_publish()
+            .claims_after_publish(until)
             .await
-            .filter(|claims| claims.complete)
+            .filter(|claims| claims.complete && Instant::now() < until)
         else {
             for s in absent {
                 verified.remove(s);
@@ -1505,11 +1507,15 @@ impl Driver {
         Some(Claims { of, complete })
     }
 
-    /// As [`claims_now`](Self::claims_now), right after a renew (no renew can be due).
-    async fn claims_after_publish(&mut self) -> Option<Claims> {
+    /// As [`claims_now`](Self::claims_now), right after a renew: `None` (not known) once
+    /// `until`, when the next renew is due, has come.
+    async fn claims_after_publish(&mut self, until: Instant) -> Option<Claims> {
         let (ids, complete) = self.claimant_ids().await?;
         let mut of = Vec::with_capacity(ids.len());
         for id in ids {
+            if Instant::now() >= until {
+                return None;
+            }
             of.extend(self.claim_of(id).await?);
         }
         Some(Claims { of, complete })
@@ -1836,13 +1842,28 @@ impl Driver {
     /// after an operator deletes the record, so shard tokens do too, whatever is deleted.
     /// `None` if another instance holds it now (try again at the next look).
     async fn reserve(&mut self, floor: u64) -> Result<Option<u64>, Error> {
-        let grant = match self.tokens.try_acquire().await {
-            Ok(Acquisition::Acquired(grant)) => grant,
-            Ok(Acquisition::Following { .. }) => return Ok(None),
-            Err(e) if is_permanent(&e) => return Err(e),
-            Err(e) => {
-                debug!(error = %e, "could not reserve a token; trying again at the next look");
-                return Ok(None);
+        // Another taker may hold the token lease for a moment (between its take and its
+        // release): tried again within a request timeout, not dropped with the batch just
+        // read (takers starting together on a slow store would otherwise spend most looks
+        // reading records for nothing).
+        let give_up = Instant::now() + self.real(self.timing.request_timeout);
+        let grant = loop {
+            match self.tokens.try_acquire().await {
+                Ok(Acquisition::Acquired(grant)) => break grant,
+                Ok(Acquisition::Following { .. }) if Instant::now() < give_up => {
+                    let (lo, hi) = (self.timing.poll_every / 10, self.timing.poll_every / 4);
+                    let pause = self.rng.duration(self.real(lo), self.real(hi));
+                    sleep(pause).await;
+                }
+                Ok(Acquisition::Following { .. }) => {
+                    debug!("another taker holds the token lease; trying again at the next look");
+                    return Ok(None);
+                }
+                Err(e) if is_permanent(&e) => return Err(e),
+                Err(e) => {
+                    debug!(error = %e, "could not reserve a token; trying again at the next look");
+                    return Ok(None);
+                }
             }
         };
         match self.tokens.release().await {
