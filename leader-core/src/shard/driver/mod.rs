@@ -585,7 +585,7 @@ impl Driver {
                 Err(_) => {}
             }
         }
-        self.recheck_absent_takes(&mut verified, m.next_renew).await;
+        self.recheck_absent_takes(&mut verified).await;
         self.start_terms(m, &verified);
     }
 
@@ -594,10 +594,8 @@ impl Driver {
     /// again after an operator's delete: our write, decided before, may have landed after
     /// another member took the shard and started acting (it published its claim before it
     /// acted, so we see it here). Such a shard is not led; it stays claimed, as a record of
-    /// ours to adopt once nobody else claims it (rule 7). Unknown claims (or not read by
-    /// `until`, when the next renew is due: a slow store must not hold it up): it stays
-    /// pending.
-    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet, until: Instant) {
+    /// ours to adopt once nobody else claims it (rule 7). Unknown claims: it stays pending.
+    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet) {
         let absent: Vec<u32> = verified
             .iter()
             .filter(|s| self.owned.get(s).is_some_and(|o| o.from_absent))
@@ -606,9 +604,9 @@ impl Driver {
             return;
         }
         let Some(claims) = self
-            .claims_after_publish(until)
+            .claims_after_publish()
             .await
-            .filter(|claims| claims.complete && Instant::now() < until)
+            .filter(|claims| claims.complete)
         else {
             for s in absent {
                 verified.remove(s);
@@ -1047,12 +1045,16 @@ impl Driver {
         match within(limit, self.objects.put_fenced_if(put)).await {
             Ok(Ok(ObjectWrite::Written(revision))) => Some(revision),
             Ok(Ok(ObjectWrite::Conflict)) => None,
-            // Not known: as the mark reads now (a mark naming a roster is this write's alone;
-            // one naming none is as good from any writer).
-            _ => match self.get(&name, "reading the history mark back").await {
-                Ok(Some((bytes, revision))) if bytes == value => Some(revision),
-                _ => None,
-            },
+            // Not known: a mark naming a roster is this write's alone, and a void (on a
+            // revision) needs only the mark to name none: read back. An empty mark written
+            // on absence could be another instance's, whose write means a history.
+            _ if first_roster.is_some() || *expected != Expected::Absent => {
+                match self.get(&name, "reading the history mark back").await {
+                    Ok(Some((bytes, revision))) if bytes == value => Some(revision),
+                    _ => None,
+                }
+            }
+            _ => None,
         }
     }
 
@@ -1298,7 +1300,7 @@ impl Driver {
             let reserved = if self.planted(ShardFlaw::NoReservation) {
                 Some(None)
             } else {
-                self.reserve(floor).await?.map(Some)
+                self.reserve(floor, m.next_renew).await?.map(Some)
             };
             if let Some(reserved) = reserved {
                 let n = self.write_held(m, free, reserved).await?;
@@ -1507,15 +1509,11 @@ impl Driver {
         Some(Claims { of, complete })
     }
 
-    /// As [`claims_now`](Self::claims_now), right after a renew: `None` (not known) once
-    /// `until`, when the next renew is due, has come.
-    async fn claims_after_publish(&mut self, until: Instant) -> Option<Claims> {
+    /// As [`claims_now`](Self::claims_now), right after a renew (no renew can be due).
+    async fn claims_after_publish(&mut self) -> Option<Claims> {
         let (ids, complete) = self.claimant_ids().await?;
         let mut of = Vec::with_capacity(ids.len());
         for id in ids {
-            if Instant::now() >= until {
-                return None;
-            }
             of.extend(self.claim_of(id).await?);
         }
         Some(Claims { of, complete })
@@ -1841,12 +1839,12 @@ impl Driver {
     /// `P.tokens` lease, released at once. Every store keeps a lease key's tokens rising, also
     /// after an operator deletes the record, so shard tokens do too, whatever is deleted.
     /// `None` if another instance holds it now (try again at the next look).
-    async fn reserve(&mut self, floor: u64) -> Result<Option<u64>, Error> {
+    async fn reserve(&mut self, floor: u64, next_renew: Instant) -> Result<Option<u64>, Error> {
         // Another taker may hold the token lease for a moment (between its take and its
         // release): tried again within a request timeout, not dropped with the batch just
         // read (takers starting together on a slow store would otherwise spend most looks
         // reading records for nothing).
-        let give_up = Instant::now() + self.real(self.timing.request_timeout);
+        let give_up = (Instant::now() + self.real(self.timing.request_timeout)).min(next_renew);
         let grant = loop {
             match self.tokens.try_acquire().await {
                 Ok(Acquisition::Acquired(grant)) => break grant,
