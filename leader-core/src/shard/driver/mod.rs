@@ -166,6 +166,10 @@ pub(crate) struct Driver {
     unpublished: BTreeMap<u32, Expected>,
     /// Shards whose record names our membership term, whose adoption failed: tried again.
     adopt_retry: ShardSet,
+    /// Shards taken from absent records, read back after the renew that published them,
+    /// whose claims check (rule 1e) is still to be made: at the next look, where a renew can
+    /// come between its reads (made right after the renew, it could hold up the next one).
+    recheck: ShardSet,
     /// When adoptions are tried again next.
     adopt_due: Instant,
     /// When the shard records are looked at next while the roster cannot be trusted.
@@ -218,6 +222,7 @@ impl Driver {
             uncertain: BTreeMap::new(),
             unpublished: BTreeMap::new(),
             adopt_retry: ShardSet::new(p.shards),
+            recheck: ShardSet::new(p.shards),
             adopt_due: Instant::now(),
             gap_look_due: Instant::now(),
             leases: p.leases,
@@ -585,7 +590,17 @@ impl Driver {
                 Err(_) => {}
             }
         }
-        self.recheck_absent_takes(&mut verified).await;
+        // Rule 1e for those taken from absent records: at the next look.
+        if !self.planted(ShardFlaw::NoClaimsRecheck) {
+            let absent: Vec<u32> = verified
+                .iter()
+                .filter(|s| self.owned.get(s).is_some_and(|o| o.from_absent))
+                .collect();
+            for s in absent {
+                verified.remove(s);
+                self.recheck.insert(s);
+            }
+        }
         self.start_terms(m, &verified);
     }
 
@@ -594,25 +609,34 @@ impl Driver {
     /// again after an operator's delete: our write, decided before, may have landed after
     /// another member took the shard and started acting (it published its claim before it
     /// acted, so we see it here). Such a shard is not led; it stays claimed, as a record of
-    /// ours to adopt once nobody else claims it (rule 7). Unknown claims: it stays pending.
-    async fn recheck_absent_takes(&mut self, verified: &mut ShardSet) {
-        let absent: Vec<u32> = verified
-            .iter()
-            .filter(|s| self.owned.get(s).is_some_and(|o| o.from_absent))
-            .collect();
-        if absent.is_empty() || self.planted(ShardFlaw::NoClaimsRecheck) {
+    /// ours to adopt once nobody else claims it (rule 7). Unknown claims: it stays pending,
+    /// checked again at the next look. Runs in a look, after the renew that published the
+    /// shards (`activate` read them back then): a renew due meanwhile is made between reads.
+    async fn recheck_absent_takes(&mut self, m: &mut Membership) {
+        if self.recheck.is_empty() {
             return;
         }
-        let Some(claims) = self
-            .claims_after_publish()
-            .await
-            .filter(|claims| claims.complete)
-        else {
-            for s in absent {
-                verified.remove(s);
+        let pending = std::mem::replace(&mut self.recheck, ShardSet::new(self.n));
+        let Some(claims) = self.claims_now(m).await.filter(|claims| claims.complete) else {
+            if !m.over {
+                for s in pending.iter() {
+                    self.recheck.insert(s);
+                }
             }
             return;
         };
+        if m.over {
+            return;
+        }
+        // Still ours and waiting (not released, nor ended with the membership, meanwhile).
+        let absent: Vec<u32> = pending
+            .iter()
+            .filter(|s| {
+                self.owned
+                    .get(s)
+                    .is_some_and(|o| o.from_absent && matches!(o.state, State::Pending))
+            })
+            .collect();
         // The token lease as it is now: if a token was reserved after ours, another member
         // may have taken the shard, acted and released it (and an operator deleted the
         // record) before our write landed: our token would be below its.
@@ -625,6 +649,7 @@ impl Driver {
             Ok(Ok(Some(stored))) => Some(stored.record.token.0),
             _ => None,
         };
+        let mut ok = ShardSet::new(self.n);
         for s in absent {
             let claimed = claims.of.iter().any(|(_, _, set)| set.contains(s));
             let later = !self.planted(ShardFlaw::NoTokenRecheck)
@@ -642,13 +667,14 @@ impl Driver {
                 self.adopt_due = Instant::now();
             }
             if claimed || later {
-                verified.remove(s);
                 self.owned.remove(&s);
                 self.adopt_retry.insert(s);
             } else if let Some(o) = self.owned.get_mut(&s) {
                 o.from_absent = false;
+                ok.insert(s);
             }
         }
+        self.start_terms(m, &ok);
     }
 
     fn start_terms(&mut self, m: &Membership, published: &ShardSet) {
@@ -706,6 +732,7 @@ impl Driver {
         self.uncertain.clear();
         self.unpublished.clear();
         self.adopt_retry = ShardSet::new(self.n);
+        self.recheck = ShardSet::new(self.n);
         warn!(
             why,
             shards = self.intend.len(),
@@ -718,6 +745,10 @@ impl Driver {
     /// towards the plan: release what it gives to others, take what it gives to us.
     async fn poll(&mut self, m: &mut Membership) -> Result<(), Error> {
         self.finish_releases(m).await;
+        self.recheck_absent_takes(m).await;
+        if m.over {
+            return Ok(());
+        }
         if !self.uncertain.is_empty() || !self.unpublished.is_empty() {
             self.check_uncertain(m).await;
         }
@@ -1504,16 +1535,6 @@ impl Driver {
             if !self.stay(m).await {
                 return None;
             }
-            of.extend(self.claim_of(id).await?);
-        }
-        Some(Claims { of, complete })
-    }
-
-    /// As [`claims_now`](Self::claims_now), right after a renew (no renew can be due).
-    async fn claims_after_publish(&mut self) -> Option<Claims> {
-        let (ids, complete) = self.claimant_ids().await?;
-        let mut of = Vec::with_capacity(ids.len());
-        for id in ids {
             of.extend(self.claim_of(id).await?);
         }
         Some(Claims { of, complete })
