@@ -479,8 +479,9 @@ impl Driver {
     }
 
     /// Renews the membership, publishing the claimed set; starts the terms of shards taken
-    /// since (rule 1: act only once the set that includes them is written). Returns `false`
-    /// when the membership term is over.
+    /// since (rule 1: act only once the set that includes them is written; those taken from
+    /// absent records after their claims check at the next look). Returns `false` when the
+    /// membership term is over.
     async fn renew(&mut self, m: &mut Membership) -> bool {
         let mut published = self.claims();
         if let Err(e) = self.member.set_metadata(claims_metadata(&published)) {
@@ -555,7 +556,9 @@ impl Driver {
         !m.over
     }
 
-    /// Starts a term for every pending shard in `published`.
+    /// Starts a term for every pending shard in `published` whose record reads back as written
+    /// (rule 1d); those taken from absent records wait for their claims check at the next
+    /// look (rule 1e, [`recheck_absent_takes`](Self::recheck_absent_takes)).
     async fn activate(&mut self, m: &Membership, published: &ShardSet) {
         // Rule 1d: the record must still be the one we wrote now that the set naming the
         // shard is published. An operator's delete between our write and that renew would
@@ -613,7 +616,21 @@ impl Driver {
     /// checked again at the next look. Runs in a look, after the renew that published the
     /// shards (`activate` read them back then): a renew due meanwhile is made between reads.
     async fn recheck_absent_takes(&mut self, m: &mut Membership) {
-        if self.recheck.is_empty() {
+        // Only shards still taken from an absent record and waiting (one released, or taken
+        // again since, is not checked for an earlier take).
+        let waiting = |o: Option<&Owned>| {
+            o.is_some_and(|o| o.from_absent && matches!(o.state, State::Pending))
+        };
+        let stale: Vec<u32> = self
+            .recheck
+            .iter()
+            .filter(|s| !waiting(self.owned.get(s)))
+            .collect();
+        for s in stale {
+            self.recheck.remove(s);
+        }
+        // Nothing to check, or no complete set of claims to be had yet (rule 3.2).
+        if self.recheck.is_empty() || self.roster_gap_pending() {
             return;
         }
         let pending = std::mem::replace(&mut self.recheck, ShardSet::new(self.n));
@@ -631,11 +648,7 @@ impl Driver {
         // Still ours and waiting (not released, nor ended with the membership, meanwhile).
         let absent: Vec<u32> = pending
             .iter()
-            .filter(|s| {
-                self.owned
-                    .get(s)
-                    .is_some_and(|o| o.from_absent && matches!(o.state, State::Pending))
-            })
+            .filter(|s| waiting(self.owned.get(s)))
             .collect();
         // The token lease as it is now: if a token was reserved after ours, another member
         // may have taken the shard, acted and released it (and an operator deleted the
@@ -1431,6 +1444,7 @@ impl Driver {
             match self.put(m, &name, &expected, &record.encode()).await {
                 Ok(Put::Written(revision)) => {
                     written += 1;
+                    self.recheck.remove(s);
                     self.uncertain.remove(&s);
                     self.unpublished.remove(&s);
                     self.adopt_retry.remove(s);
