@@ -1147,51 +1147,73 @@ async fn r2_an_absence_is_timed_for_the_members_latest_term() {
     }
 }
 
+/// R3's setting: c starts and leads both shards; x takes shard 1 from c's release and acts
+/// on it; an operator deletes its record and a late write of t's names t, which then leaves;
+/// c is cut off after its next renew, and the operator deletes the roster and the plan.
+/// Returns x, when it last renewed, and c.
+async fn r3_setting(store: &MemoryStore) -> (FakeMember, Instant, ShardedHandle) {
+    let cut = FaultControl::new();
+    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
+    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
+    work(&c);
+    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
+    let mut x = FakeMember::join(store, "x", 2, "r:1").await;
+    let revision = released(store, 1, &mut x).await;
+    let k = reserve(store, "x").await;
+    x.take(store, 1, revision, k).await;
+    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
+    let mut t = FakeMember::join(store, "t", 2, "r:").await;
+    store.delete_object(&object("queues.s.1"));
+    let k = reserve(store, "t").await;
+    t.take(store, 1, Expected::Absent, k).await;
+    assert!(t.client.release().await.unwrap());
+    let x_renewed = Instant::now();
+    next_renew_of(store, "c").await;
+    cut.update(|f| f.down = true);
+    store.delete_object(&object("queues.roster"));
+    store.delete_object(&object("queues.plan"));
+    (x, x_renewed, c)
+}
+
+/// For `span`, keeps x live (and listed again when a plan names another roster); an error as
+/// soon as `other` (named `name`) leads shard 1.
+async fn x_keeps_shard_1(
+    store: &MemoryStore,
+    x: &mut FakeMember,
+    mut x_renewed: Instant,
+    other: &ShardedHandle,
+    name: &str,
+    span: Duration,
+) -> Result<(), String> {
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        if x_renewed.elapsed() >= Duration::from_secs(5) {
+            x.client.renew().await.unwrap();
+            x_renewed = Instant::now();
+        }
+        list_again_if_planned_elsewhere(store, x).await;
+        if other.led().contains_key(&1) {
+            return Err(format!("{name} leads shard 1 while x, live, claims it"));
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 /// R3. S1's setting with the record in S2's state: x leads shard 1; after an operator's
 /// delete a late write of t names t (which does not act) and t leaves. Then the coordinator
 /// dies, and the operator deletes the roster and the plan. A new instance j, which knows
 /// nobody, must not take shard 1 while x claims it, although the record names an ended term.
 async fn r3(flaw: ShardFlaw) -> Result<(), String> {
     let store = MemoryStore::new();
-    let cut = FaultControl::new();
-    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
-    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
-    work(&c);
-    until("c leads both", TTL, || c.led().len() == 2).await;
-    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
-    let revision = released(&store, 1, &mut x).await;
-    let k = reserve(&store, "x").await;
-    x.take(&store, 1, revision, k).await;
-    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
-    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
-    store.delete_object(&object("queues.s.1"));
-    let k = reserve(&store, "t").await;
-    t.take(&store, 1, Expected::Absent, k).await;
-    assert!(t.client.release().await.unwrap());
-    let mut x_renewed = Instant::now();
-    next_renew_of(&store, "c").await;
-    cut.update(|f| f.down = true);
-    store.delete_object(&object("queues.roster"));
-    store.delete_object(&object("queues.plan"));
+    let (mut x, x_renewed, _c) = r3_setting(&store).await;
     let j = builder(&Arc::new(store.clone()), "j", 2)
         .flaw(flaw)
         .build()
         .unwrap()
         .spawn();
     work(&j);
-    let end = Instant::now() + 4 * TTL;
-    while Instant::now() < end {
-        if x_renewed.elapsed() >= Duration::from_secs(5) {
-            x.client.renew().await.unwrap();
-            x_renewed = Instant::now();
-        }
-        list_again_if_planned_elsewhere(&store, &x).await;
-        if j.led().contains_key(&1) {
-            return Err("j leads shard 1 while x, live, claims it".to_owned());
-        }
-        sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
+    x_keeps_shard_1(&store, &mut x, x_renewed, &j, "j", 4 * TTL).await
 }
 
 #[tokio::test(start_paused = true)]
@@ -1689,26 +1711,7 @@ async fn k3_a_first_roster_landing_after_its_creator_crashed_is_not_trusted() {
     a_task.abort();
     let _ = a_task.await;
     drop(a);
-    let cut = FaultControl::new();
-    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
-    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
-    work(&c);
-    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
-    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
-    let revision = released(&store, 1, &mut x).await;
-    let k = reserve(&store, "x").await;
-    x.take(&store, 1, revision, k).await;
-    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
-    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
-    store.delete_object(&object("queues.s.1"));
-    let k = reserve(&store, "t").await;
-    t.take(&store, 1, Expected::Absent, k).await;
-    assert!(t.client.release().await.unwrap());
-    let mut x_renewed = Instant::now();
-    next_renew_of(&store, "c").await;
-    cut.update(|f| f.down = true);
-    store.delete_object(&object("queues.roster"));
-    store.delete_object(&object("queues.plan"));
+    let (mut x, x_renewed, _c) = r3_setting(&store).await;
     store.delete(&LeaseKey::new("queues.tokens").unwrap());
     a_side.go(); // X, lost on its way, lands now
     sleep(Duration::from_millis(50)).await;
@@ -1725,19 +1728,9 @@ async fn k3_a_first_roster_landing_after_its_creator_crashed_is_not_trusted() {
         .unwrap()
         .spawn();
     work(&j);
-    let end = Instant::now() + 4 * TTL;
-    while Instant::now() < end {
-        if x_renewed.elapsed() >= Duration::from_secs(5) {
-            x.client.renew().await.unwrap();
-            x_renewed = Instant::now();
-        }
-        list_again_if_planned_elsewhere(&store, &x).await;
-        assert!(
-            !j.led().contains_key(&1),
-            "j leads shard 1 while x, live, claims it"
-        );
-        sleep(Duration::from_millis(5)).await;
-    }
+    x_keeps_shard_1(&store, &mut x, x_renewed, &j, "j", 4 * TTL)
+        .await
+        .unwrap();
 }
 
 /// K4 (the same review). As K3, but a does not crash: it is cut off from the store from its
@@ -1753,42 +1746,13 @@ async fn k4_a_creators_own_roster_landing_late_is_not_trusted_by_it() {
     work(&a);
     a_side.arrived().await;
     a_side.frozen.store(true, Ordering::SeqCst);
-    let cut = FaultControl::new();
-    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
-    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
-    work(&c);
-    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
-    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
-    let revision = released(&store, 1, &mut x).await;
-    let k = reserve(&store, "x").await;
-    x.take(&store, 1, revision, k).await;
-    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
-    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
-    store.delete_object(&object("queues.s.1"));
-    let k = reserve(&store, "t").await;
-    t.take(&store, 1, Expected::Absent, k).await;
-    assert!(t.client.release().await.unwrap());
-    let mut x_renewed = Instant::now();
-    next_renew_of(&store, "c").await;
-    cut.update(|f| f.down = true);
-    store.delete_object(&object("queues.roster"));
-    store.delete_object(&object("queues.plan"));
+    let (mut x, x_renewed, _c) = r3_setting(&store).await;
     a_side.go(); // X, lost on its way, lands now
     sleep(Duration::from_millis(50)).await;
     a_side.frozen.store(false, Ordering::SeqCst);
-    let end = Instant::now() + 4 * TTL;
-    while Instant::now() < end {
-        if x_renewed.elapsed() >= Duration::from_secs(5) {
-            x.client.renew().await.unwrap();
-            x_renewed = Instant::now();
-        }
-        list_again_if_planned_elsewhere(&store, &x).await;
-        assert!(
-            !a.led().contains_key(&1),
-            "a leads shard 1 while x, live, claims it"
-        );
-        sleep(Duration::from_millis(5)).await;
-    }
+    x_keeps_shard_1(&store, &mut x, x_renewed, &a, "a", 4 * TTL)
+        .await
+        .unwrap();
 }
 
 /// Refuses the coordinator-lease writes of one instance while `refuse` is set (another
@@ -1845,42 +1809,13 @@ async fn k5_a_creators_roster_landing_late_with_an_answer_is_not_trusted() {
         .spawn();
     work(&a);
     parking.arrived().await;
-    let cut = FaultControl::new();
-    let c_side = Arc::new(FaultyStore::new(store.clone(), 3, vec![cut.clone()]));
-    let c = builder(&c_side, "c", 2).build().unwrap().spawn();
-    work(&c);
-    until("c leads both", 4 * TTL, || c.led().len() == 2).await;
-    let mut x = FakeMember::join(&store, "x", 2, "r:1").await;
-    let revision = released(&store, 1, &mut x).await;
-    let k = reserve(&store, "x").await;
-    x.take(&store, 1, revision, k).await;
-    x.client.renew().await.unwrap(); // x acts on shard 1 from here on
-    let mut t = FakeMember::join(&store, "t", 2, "r:").await;
-    store.delete_object(&object("queues.s.1"));
-    let k = reserve(&store, "t").await;
-    t.take(&store, 1, Expected::Absent, k).await;
-    assert!(t.client.release().await.unwrap());
-    let mut x_renewed = Instant::now();
-    next_renew_of(&store, "c").await;
-    cut.update(|f| f.down = true);
-    store.delete_object(&object("queues.roster"));
-    store.delete_object(&object("queues.plan"));
+    let (mut x, x_renewed, _c) = r3_setting(&store).await;
     parking.go(); // X lands now, and a hears it landed
     sleep(Duration::from_millis(50)).await;
     a_side.refuse.store(false, Ordering::SeqCst);
-    let end = Instant::now() + 40 * TTL;
-    while Instant::now() < end {
-        if x_renewed.elapsed() >= Duration::from_secs(5) {
-            x.client.renew().await.unwrap();
-            x_renewed = Instant::now();
-        }
-        list_again_if_planned_elsewhere(&store, &x).await;
-        assert!(
-            !a.led().contains_key(&1),
-            "a leads shard 1 while x, live, claims it"
-        );
-        sleep(Duration::from_millis(5)).await;
-    }
+    x_keeps_shard_1(&store, &mut x, x_renewed, &a, "a", 40 * TTL)
+        .await
+        .unwrap();
 }
 
 /// K6. At a fleet's start, the answer to a's winning mark write is lost (the mark landed).
