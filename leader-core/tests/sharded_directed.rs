@@ -1486,6 +1486,18 @@ async fn same_id_shard_deleted() -> Result<(), String> {
         one_owner(&[&c, &first, &second])?;
         sleep(Duration::from_millis(5)).await;
     }
+    // Two live processes under one id take the membership from each other for as long as
+    // both run (distinct ids are the remedy); once the first one is gone, the shard is led
+    // again by a live process.
+    first.shutdown().await;
+    let end = Instant::now() + 4 * TTL;
+    while !(c.led().contains_key(&s) || second.led().contains_key(&s)) {
+        if Instant::now() >= end {
+            return Err(format!("shard {s} not led again within four ttls"));
+        }
+        one_owner(&[&c, &second])?;
+        sleep(Duration::from_millis(5)).await;
+    }
     Ok(())
 }
 
