@@ -1625,6 +1625,25 @@ async fn g3_the_coordinator_does_not_hide_an_earlier_term_from_its_successor() {
     }
 }
 
+/// Until a and b lead two shards each (within `within`), which must come less than half a
+/// ttl after `started`: the fleet shared its shards without waiting a ttl.
+async fn shared_without_a_wait(
+    a: &ShardedHandle,
+    b: &ShardedHandle,
+    started: Instant,
+    within: Duration,
+) {
+    until("both lead two shards each", within, || {
+        one_owner(&[a, b]).is_ok_and(|led| led.iter().all(|l| l.len() == 2))
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < TTL / 2,
+        "the fleet took {took:?} to share the shards"
+    );
+}
+
 /// K1, a fleet starting together on a new key. a holds the coordinator lease, but b's history
 /// mark lands first (a's is held on its way), so b creates the key's first roster. a, the
 /// coordinator, must trust that roster at its first look (the mark names it) and plan at once:
@@ -1656,15 +1675,7 @@ async fn k1_a_coordinator_that_lost_the_mark_race_trusts_the_first_roster() {
         sleep(Duration::from_millis(5)).await;
     }
     a_side.go();
-    until("both lead two shards each", TTL, || {
-        one_owner(&[&a, &b]).is_ok_and(|led| led.iter().all(|l| l.len() == 2))
-    })
-    .await;
-    let took = started.elapsed();
-    assert!(
-        took < TTL / 2,
-        "the fleet took {took:?} to share the shards"
-    );
+    shared_without_a_wait(&a, &b, started, TTL).await;
     let coord = store
         .read(&LeaseKey::new("queues.coord").unwrap())
         .await
@@ -1849,13 +1860,5 @@ async fn k6_a_winning_mark_whose_answer_was_lost_still_names_the_first_roster() 
         .unwrap()
         .spawn();
     work(&b);
-    until("both lead two shards each", 6 * TTL, || {
-        one_owner(&[&a, &b]).is_ok_and(|led| led.iter().all(|l| l.len() == 2))
-    })
-    .await;
-    let took = started.elapsed();
-    assert!(
-        took < TTL / 2,
-        "the fleet took {took:?} to share the shards"
-    );
+    shared_without_a_wait(&a, &b, started, 6 * TTL).await;
 }

@@ -636,9 +636,7 @@ impl Driver {
         let pending = std::mem::replace(&mut self.recheck, ShardSet::new(self.n));
         let Some(claims) = self.claims_now(m).await.filter(|claims| claims.complete) else {
             if !m.over {
-                for s in pending.iter() {
-                    self.recheck.insert(s);
-                }
+                self.recheck.union_with(&pending);
             }
             return;
         };
@@ -653,15 +651,7 @@ impl Driver {
         // The token lease as it is now: if a token was reserved after ours, another member
         // may have taken the shard, acted and released it (and an operator deleted the
         // record) before our write landed: our token would be below its.
-        let tokens = within(
-            self.real(self.timing.request_timeout),
-            self.leases.read(self.names.tokens()),
-        )
-        .await;
-        let last_reserved = match tokens {
-            Ok(Ok(Some(stored))) => Some(stored.record.token.0),
-            _ => None,
-        };
+        let last_reserved = self.last_reserved().await.flatten();
         let mut ok = ShardSet::new(self.n);
         for s in absent {
             let claimed = claims.of.iter().any(|(_, _, set)| set.contains(s));
@@ -951,12 +941,7 @@ impl Driver {
         self.roster_absent = *expected == Expected::Absent;
         self.create_held = None;
         // The roster our mark names, seen there: it has landed, and cannot land again.
-        if *expected != Expected::Absent
-            && self
-                .mark_to_void
-                .as_ref()
-                .is_some_and(|(x, _)| *x == roster.created)
-        {
+        if *expected != Expected::Absent && self.mark_to_void_roster() == Some(roster.created) {
             self.mark_to_void = None;
         }
         let announced = self.plan_announced();
@@ -1050,16 +1035,21 @@ impl Driver {
         Ok(found.map(|(bytes, revision)| (HistoryMark::first_roster(&bytes), revision)))
     }
 
+    /// The token of the token lease's record, the last one reserved (`Some(None)`: no
+    /// record; `None`: not known).
+    async fn last_reserved(&mut self) -> Option<Option<u64>> {
+        let limit = self.real(self.timing.request_timeout);
+        match within(limit, self.leases.read(self.names.tokens())).await {
+            Ok(Ok(stored)) => Some(stored.map(|s| s.record.token.0)),
+            _ => None,
+        }
+    }
+
     /// Whether the token lease has no record: no token was ever reserved for the key, so no
     /// shard record was ever taken (unless an operator deleted it, or on etcd and ZooKeeper a
     /// reserver died holding it, which removes the record with its term). Not known: no.
     async fn no_token_record(&mut self) -> bool {
-        let tokens = within(
-            self.real(self.timing.request_timeout),
-            self.leases.read(self.names.tokens()),
-        )
-        .await;
-        matches!(tokens, Ok(Ok(None)))
+        self.last_reserved().await == Some(None)
     }
 
     /// Whether anything but the history mark shows that the key has a history: a plan, or a
@@ -1185,7 +1175,7 @@ impl Driver {
             // Another roster than the one our mark names, whose write may still land: the
             // mark first names none (else, landing after this one was deleted, it would pass
             // for the first).
-            let first = self.mark_to_void.as_ref().map(|(x, _)| *x);
+            let first = self.mark_to_void_roster();
             if first.is_some_and(|x| x != roster.created) && !self.void_mark().await {
                 return Ok(false);
             }
