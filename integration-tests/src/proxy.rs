@@ -185,6 +185,19 @@ impl Canned {
         }
     }
 
+    /// An S3 REST error: `status` with the XML body S3 sends, naming `code` (`SlowDown`,
+    /// `ConditionalRequestConflict`, `ExpiredToken`, `PermanentRedirect`, ...).
+    pub fn s3(status: u16, code: &str) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type", "application/xml".to_owned())],
+            body: format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
+                 <Message>canned by the fault proxy</Message><RequestId>0</RequestId></Error>"
+            ),
+        }
+    }
+
     /// Azure Storage's 503 `ServerBusy`.
     pub fn azure_server_busy() -> Self {
         Self {

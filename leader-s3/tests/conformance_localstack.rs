@@ -1,0 +1,6 @@
+//! The core's conformance suite against LocalStack's S3, in real time, ttl 3 s.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod support;
+
+leader_core::conformance_tests!(support::harness(support::Emu::LocalStack));
