@@ -8,7 +8,8 @@ macro_rules! stores {
         "\
 Stores:
   file:///absolute/path/KEY   leases in files, for processes on one host (the embedded default)
-  azblob://CONTAINER/[FOLDER/]KEY, dynamodb://TABLE/KEY, gs://BUCKET/[FOLDER/]KEY
+  azblob://CONTAINER/[FOLDER/]KEY, dynamodb://TABLE/KEY, s3://BUCKET/[FOLDER/]KEY,
+  gs://BUCKET/[FOLDER/]KEY,
   etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY (etcds:// for TLS), zk://HOST:PORT[,...]/[PATH/]KEY
   (the cloud stores, etcd and ZooKeeper when compiled in: all are by default)
 
@@ -17,7 +18,8 @@ Credentials (each cloud's usual chain; nothing to pass on the command line):
               or AZURE_STORAGE_SAS_TOKEN; else workload identity (AZURE_FEDERATED_TOKEN_FILE,
               AZURE_TENANT_ID, AZURE_CLIENT_ID), else the managed identity (AZURE_CLIENT_ID
               picks a user-assigned one)
-  dynamodb:// the AWS chain: AWS_ACCESS_KEY_ID..., AWS_PROFILE and the shared files, web
+  dynamodb://, s3://
+              the AWS chain: AWS_ACCESS_KEY_ID..., AWS_PROFILE and the shared files, web
               identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN), ECS, the EC2 instance
               profile (IMDSv2); region from AWS_REGION or the profile
   gs://       Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, the gcloud
@@ -40,8 +42,8 @@ Examples:
   leader run --store dynamodb://leases/nightly --ttl 30s -- ./nightly.sh
   leader status --store gs://my-leases/nightly --watch
 
-Stores: file://, azblob://, dynamodb://, gs://, etcd://, zk:// (`leader run --help` has the URLs
-and credentials). `leader run --help` also has the timing, the signals, the command's
+Stores: file://, azblob://, dynamodb://, s3://, gs://, etcd://, zk:// (`leader run --help` has
+the URLs and credentials). `leader run --help` also has the timing, the signals, the command's
 environment and every exit code; the whole reference, with the protocol behind it, is in the
 repository's docs/cli.md and docs/protocol.md.";
 

@@ -16,14 +16,14 @@ pub(crate) struct StoreOptions {
     #[arg(long, env = "LEADER_ENDPOINT")]
     pub(crate) endpoint: Option<String>,
     /// Talk to a local emulator with its conventions instead of the cloud's credentials:
-    /// Azurite's development account and key, DynamoDB with dummy keys in us-east-1, GCS
-    /// without credentials. The endpoint is --endpoint, else the emulator's own variable
+    /// Azurite's development account and key, DynamoDB and S3 with dummy keys in us-east-1
+    /// (S3 path-style), GCS without credentials. The endpoint is --endpoint, else the emulator's own variable
     /// (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) or Azurite's default port.
     #[arg(long, env = "LEADER_EMULATOR")]
     pub(crate) emulator: bool,
     /// Create the folder (file://), container (azblob://), table (dynamodb://) or parent
     /// node (zk://) if it is missing (off: a missing one is an error). Not supported for
-    /// gs://: create the bucket first. etcd:// has nothing to create.
+    /// s3:// and gs://: create the bucket first. etcd:// has nothing to create.
     #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
     pub(crate) create_if_missing: bool,
 }
@@ -98,6 +98,7 @@ mod tests {
             assert_eq!(parse(bad).unwrap_err().code, exit::USAGE, "{bad}");
         }
         assert!(parse("gs://b/k").is_ok());
+        assert!(parse("s3://my-leases/prod/k").is_ok());
     }
 
     #[test]

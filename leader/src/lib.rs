@@ -3,13 +3,14 @@
 //! The one dependency a program needs: name the store with a URL, get a store that the
 //! [`Elector`] (or the [`ShardedElector`]) campaigns on and that takes fenced writes. The
 //! whole API of `leader-core` is re-exported here, and each store's crate as a module
-//! ([`azure`], [`dynamo`], [`gcs`], [`etcd`], [`zookeeper`]) for its builder and settings. The
+//! ([`azure`], [`dynamo`], [`s3`], [`gcs`], [`etcd`], [`zookeeper`]) for its builder and settings. The
 //! protocol, its timing rules and defaults: the repository's `docs/protocol.md`.
 //!
 //! | URL | store | the lease record | beside it |
 //! |---|---|---|---|
 //! | `file:///var/lib/leases/KEY` | [`FileStore`], for processes on one host | file `/var/lib/leases/KEY.lease` | token mark `KEY.lease.high-water`, lock files `*.lock`; protected objects `NAME.fenced` |
 //! | `azblob://CONTAINER/[FOLDER/]KEY` | Azure Blob leases (feature `azure`) | blob `[FOLDER/]KEY` | token mark `[FOLDER/].KEY.token`; protected objects `[FOLDER/].NAME.fenced` |
+//! | `s3://BUCKET/[FOLDER/]KEY` | Amazon S3 conditional writes (feature `s3`) | object `[FOLDER/]KEY` | token mark `[FOLDER/].KEY.token`; protected objects `[FOLDER/].NAME.fenced` |
 //! | `gs://BUCKET/[FOLDER/]KEY` | GCS generation preconditions (feature `gcs`) | object `[FOLDER/]KEY` | protected objects `[FOLDER/].NAME.fenced` |
 //! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` | token mark `mark#KEY`; protected objects `fenced#NAME` |
 //! | `etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY` (`etcds://`: TLS) | etcd leases and transactions (feature `etcd`) | key `[FOLDER/]KEY`, attached to the term's etcd lease | protected objects `[FOLDER/].NAME.fenced` |
@@ -26,9 +27,9 @@
 //! way ([`tls`]).
 //!
 //! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
-//! (`leader-azure`), DynamoDB (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd
-//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`); the `leader` command (crate
-//! `leader-cli`) runs a program under any of them.
+//! (`leader-azure`), DynamoDB (`leader-dynamo`), Amazon S3 (`leader-s3`), Google Cloud Storage
+//! (`leader-gcs`), etcd (`leader-etcd`) and ZooKeeper (`leader-zookeeper`); the `leader`
+//! command (crate `leader-cli`) runs a program under any of them.
 //!
 //! # Example
 //!
@@ -85,6 +86,9 @@ pub use leader_etcd as etcd;
 #[cfg(feature = "gcs")]
 pub use leader_gcs as gcs;
 /// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "s3")]
+pub use leader_s3 as s3;
+/// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "zookeeper")]
 pub use leader_zookeeper as zookeeper;
 
@@ -133,6 +137,15 @@ pub enum StoreUrl {
     Dynamo {
         /// The table.
         table: String,
+        /// The lease key.
+        key: LeaseKey,
+    },
+    /// `s3://BUCKET/[FOLDER/]KEY`: the lease is the object `[FOLDER/]KEY`.
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// The folder of the objects: empty, or segments each ending with `/`.
+        folder: String,
         /// The lease key.
         key: LeaseKey,
     },
@@ -212,7 +225,7 @@ fn split_folder(path: &str) -> Result<(String, &str), String> {
 
 impl StoreUrl {
     /// Parses `file:///DIR/KEY`, `azblob://CONTAINER/[FOLDER/]KEY`, `dynamodb://TABLE/KEY`,
-    /// `gs://BUCKET/[FOLDER/]KEY`, `etcd://HOST:PORT[,...]/[FOLDER/]KEY` (`etcds://` for TLS)
+    /// `s3://BUCKET/[FOLDER/]KEY`, `gs://BUCKET/[FOLDER/]KEY`, `etcd://HOST:PORT[,...]/[FOLDER/]KEY` (`etcds://` for TLS)
     /// or `zk://HOST:PORT[,...]/[PATH/]KEY`. Whether the backend is compiled in is checked by
     /// [`open`].
     ///
@@ -303,14 +316,19 @@ impl StoreUrl {
                 Err(bad("a DynamoDB table has no folders: dynamodb://TABLE/KEY"))
             }
             "dynamodb" => Ok(StoreUrl::Dynamo { table: place, key }),
+            "s3" => Ok(StoreUrl::S3 {
+                bucket: place,
+                folder,
+                key,
+            }),
             "gs" => Ok(StoreUrl::Gcs {
                 bucket: place,
                 folder,
                 key,
             }),
             other => Err(bad(&format!(
-                "unknown scheme {other:?}; use file://, azblob://, dynamodb://, gs://, etcd:// \
-                 or zk://"
+                "unknown scheme {other:?}; use file://, azblob://, dynamodb://, s3://, gs://, \
+                 etcd:// or zk://"
             ))),
         }
     }
@@ -321,6 +339,7 @@ impl StoreUrl {
             StoreUrl::File { key, .. }
             | StoreUrl::Azure { key, .. }
             | StoreUrl::Dynamo { key, .. }
+            | StoreUrl::S3 { key, .. }
             | StoreUrl::Gcs { key, .. }
             | StoreUrl::Etcd { key, .. }
             | StoreUrl::ZooKeeper { key, .. } => key,
@@ -345,6 +364,11 @@ impl fmt::Display for StoreUrl {
                 key,
             } => write!(f, "azblob://{container}/{folder}{key}"),
             StoreUrl::Dynamo { table, key } => write!(f, "dynamodb://{table}/{key}"),
+            StoreUrl::S3 {
+                bucket,
+                folder,
+                key,
+            } => write!(f, "s3://{bucket}/{folder}{key}"),
             StoreUrl::Gcs {
                 bucket,
                 folder,
@@ -391,9 +415,9 @@ impl OpenOptions {
     }
 
     /// Talks to a local emulator with its conventions: Azurite's development account and key,
-    /// DynamoDB with dummy keys in `us-east-1`, GCS without credentials. Its address is the
-    /// [endpoint](Self::with_endpoint), else the emulator's own variable (`AWS_ENDPOINT_URL`,
-    /// `STORAGE_EMULATOR_HOST`) or Azurite's default port.
+    /// DynamoDB and S3 with dummy keys in `us-east-1` (S3 path-style), GCS without
+    /// credentials. Its address is the [endpoint](Self::with_endpoint), else the emulator's
+    /// own variable (`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST`) or Azurite's default port.
     pub fn with_emulator(mut self, emulator: bool) -> Self {
         self.emulator = emulator;
         self
@@ -447,6 +471,8 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
         } => open_azure(container, folder, options).await,
         #[cfg(feature = "dynamo")]
         StoreUrl::Dynamo { table, .. } => open_dynamo(table, options).await,
+        #[cfg(feature = "s3")]
+        StoreUrl::S3 { bucket, folder, .. } => open_s3(bucket, folder, options).await,
         #[cfg(feature = "gcs")]
         StoreUrl::Gcs { bucket, folder, .. } => open_gcs(bucket, folder, options).await,
         #[cfg(feature = "etcd")]
@@ -530,6 +556,41 @@ async fn open_dynamo(table: &str, options: &OpenOptions) -> Result<Arc<dyn Store
     Ok(Arc::new(store))
 }
 
+#[cfg(feature = "s3")]
+async fn open_s3(
+    bucket: &str,
+    folder: &str,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Store>, Error> {
+    if options.create_if_missing {
+        return Err(invalid(format!(
+            "creating a missing bucket is not supported for s3:// (a bucket has a region, an \
+             owner and policies of its own); create it first, e.g. `aws s3 mb s3://{bucket}`"
+        )));
+    }
+    let b = if options.emulator {
+        let endpoint = options
+            .endpoint
+            .clone()
+            .or_else(|| env_var("AWS_ENDPOINT_URL_S3"))
+            .or_else(|| env_var("AWS_ENDPOINT_URL"))
+            .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+        leader_s3::S3Builder::new().with_emulator(endpoint)
+    } else {
+        let b = leader_s3::S3Builder::from_env()?;
+        match &options.endpoint {
+            Some(endpoint) => b.with_endpoint(endpoint.clone()),
+            None => b,
+        }
+    };
+    let store = b
+        .with_bucket(bucket.to_owned())
+        .with_prefix(folder.to_owned())
+        .build()
+        .await?;
+    Ok(Arc::new(store))
+}
+
 #[cfg(feature = "gcs")]
 async fn open_gcs(
     bucket: &str,
@@ -564,12 +625,12 @@ async fn open_gcs(
 }
 
 /// A non-empty environment variable.
-#[cfg(any(feature = "dynamo", feature = "gcs"))]
+#[cfg(any(feature = "dynamo", feature = "s3", feature = "gcs"))]
 fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-#[cfg(any(feature = "dynamo", feature = "gcs"))]
+#[cfg(any(feature = "dynamo", feature = "s3", feature = "gcs"))]
 fn needs_endpoint(variable: &str) -> Error {
     invalid(format!(
         "the emulator mode needs the emulator's address: pass --endpoint URL \
@@ -584,6 +645,7 @@ fn needs_endpoint(variable: &str) -> Error {
     doctest,
     feature = "azure",
     feature = "dynamo",
+    feature = "s3",
     feature = "gcs",
     feature = "etcd",
     feature = "zookeeper"
@@ -599,6 +661,8 @@ mod readme_doctests {
     struct Azure;
     #[doc = include_str!("../../leader-dynamo/README.md")]
     struct Dynamo;
+    #[doc = include_str!("../../leader-s3/README.md")]
+    struct S3;
     #[doc = include_str!("../../leader-gcs/README.md")]
     struct Gcs;
     #[doc = include_str!("../../leader-etcd/README.md")]
@@ -663,6 +727,14 @@ mod tests {
                 StoreUrl::Gcs {
                     bucket: "b_1".into(),
                     folder: "a/b/".into(),
+                    key: LeaseKey::new("k").unwrap(),
+                },
+            ),
+            (
+                "s3://my-leases/prod/k",
+                StoreUrl::S3 {
+                    bucket: "my-leases".into(),
+                    folder: "prod/".into(),
                     key: LeaseKey::new("k").unwrap(),
                 },
             ),

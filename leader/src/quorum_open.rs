@@ -97,6 +97,7 @@ fn kind(url: &StoreUrl) -> &'static str {
         StoreUrl::File { .. } => "file",
         StoreUrl::Azure { .. } => "azure",
         StoreUrl::Dynamo { .. } => "dynamodb",
+        StoreUrl::S3 { .. } => "s3",
         StoreUrl::Gcs { .. } => "gcs",
         StoreUrl::Etcd { .. } => "etcd",
         StoreUrl::ZooKeeper { .. } => "zookeeper",

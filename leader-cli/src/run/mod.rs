@@ -22,7 +22,8 @@ use crate::{Exit, endpoints, exit, store};
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// Where the lease lives: file:///DIR/KEY, azblob://CONTAINER/[FOLDER/]KEY,
-    /// dynamodb://TABLE/KEY, gs://BUCKET/[FOLDER/]KEY, etcd://HOST:PORT[,...]/[FOLDER/]KEY,
+    /// dynamodb://TABLE/KEY, s3://BUCKET/[FOLDER/]KEY, gs://BUCKET/[FOLDER/]KEY,
+    /// etcd://HOST:PORT[,...]/[FOLDER/]KEY,
     /// zk://HOST:PORT[,...]/[PATH/]KEY (see "Stores" below). Given 3 or 5 times (or as
     /// space-separated URLs in LEADER_STORE): one leader over a majority of independent
     /// stores, which survives the outage of any minority of them (see "Quorum" below).
