@@ -15,8 +15,8 @@
 //! - [`LeaseBackend`]: the small contract a store implements (read; write if the revision
 //!   still matches). [`MemoryStore`] and [`FileStore`] here; the stores of the suite are a
 //!   local folder and memory (`leader-core`), Azure Blob (`leader-azure`), DynamoDB
-//!   (`leader-dynamo`), Google Cloud Storage (`leader-gcs`), etcd (`leader-etcd`) and
-//!   ZooKeeper (`leader-zookeeper`).
+//!   (`leader-dynamo`), Amazon S3 (`leader-s3`), Google Cloud Storage (`leader-gcs`), etcd
+//!   (`leader-etcd`) and ZooKeeper (`leader-zookeeper`).
 //! - [`LeaseClient`]: the protocol over any backend (staleness on the local monotonic clock,
 //!   tokens, recovery from lost responses), written once.
 //! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`];
