@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,8 +13,9 @@ use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use leader_core::backend::{
-    Backoff, Call, Expected, FencedCas, FencedPut, IfChanged, LeaseRecord, ObjectWrite, Revision,
-    Rng, Stored, WriteKind, WriteOutcome, WriteRequest, decode_fenced, encode_fenced,
+    Backoff, Call, Expected, FencedCas, FencedPut, IfChanged, LeaseRecord, LeaseState, ObjectWrite,
+    Revision, Rng, Stored, WriteKind, WriteNonce, WriteOutcome, WriteRequest, call_deadline,
+    decode_fenced, encode_fenced,
 };
 use leader_core::{
     Error, ErrorKind, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName,
@@ -22,6 +23,10 @@ use leader_core::{
 use tracing::info;
 
 use crate::error::{Answer, Context, Failure, Op, map_sdk};
+
+/// Flips the nonce of an acquire's placeholder, so that nobody (the core resolving a lost answer
+/// included) takes the placeholder for the acquire's own write.
+const PLACEHOLDER_NONCE_MASK: u64 = 0x5a5a_5a5a_5a5a_5a5a;
 
 /// The first line of a protected object as this crate stores it, before the fence line: a
 /// write id that makes every write's bytes, and so its ETag, unique.
@@ -223,12 +228,20 @@ impl S3Store {
 
     /// Uploads `body` on condition `cond`.
     ///
-    /// Throttling, a 409 (a concurrent request won, this one was not applied) and failures
-    /// before sending are retried; a failure that may have applied the write (a 5xx, a lost
-    /// connection, the timeout) is [`Error::Indeterminate`] at once, never retried: the core
-    /// re-reads to decide.
+    /// Throttling, a 409 `ConditionalRequestConflict` (a concurrent request won, this one was
+    /// not applied) and failures before sending are retried; a failure that may have applied
+    /// the write (a 5xx, a lost connection, the timeout) is [`Error::Indeterminate`] at once,
+    /// never retried: the core re-reads to decide.
+    ///
+    /// S3 does not promise that a throttled write (503 `SlowDown`, 429) was not applied, only
+    /// that the client should slow down. It is retried all the same, but once a write was
+    /// throttled, a later failed condition (perhaps our own earlier attempt) or the end of the
+    /// call's time is [`Error::Indeterminate`], not a conflict or throttling.
     async fn put(&self, object: &str, body: Vec<u8>, cond: Cond<'_>, op: Op) -> Result<Put, Error> {
-        self.call(op)
+        let throttled = AtomicBool::new(false);
+        let throttled = &throttled;
+        let result = self
+            .call(op)
             .run(|left| {
                 let body = body.clone();
                 async move {
@@ -261,27 +274,54 @@ impl S3Store {
                             ))),
                         },
                         Err(e) => match Failure::of(&e).answer() {
+                            Some(Answer::PreconditionFailed | Answer::NoSuchKey)
+                                if throttled.load(Ordering::Relaxed) =>
+                            {
+                                Err(Error::indeterminate(format!(
+                                    "the write of S3 object {object} was throttled, then its \
+                                     retry found the condition failed: the throttled attempt \
+                                     may have been applied"
+                                )))
+                            }
                             Some(Answer::PreconditionFailed | Answer::NoSuchKey) => Ok(Put::Failed),
-                            _ => Err(map_sdk(op, &self.ctx, e)),
+                            _ => {
+                                let error = map_sdk(op, &self.ctx, e);
+                                if error.kind() == ErrorKind::Throttled {
+                                    throttled.store(true, Ordering::Relaxed);
+                                }
+                                Err(error)
+                            }
                         },
                     }
                 }
             })
-            .await
+            .await;
+        match result {
+            Err(e) if e.kind() == ErrorKind::Throttled => Err(Error::Indeterminate {
+                message: format!(
+                    "the write of S3 object {object} was throttled until its call's time ran \
+                     out; a throttled attempt may have been applied"
+                ),
+                source: Some(Box::new(e)),
+            }),
+            other => other,
+        }
     }
 
     /// The body of a lease record: its JSON with a write id, so that no two writes have the
     /// same bytes (S3's ETag is the MD5 of the bytes; a repeated body would repeat an ETag,
     /// and a follower could take a renewed lease for an unchanged one).
-    fn record_body(&self, record: &LeaseRecord) -> Vec<u8> {
-        let mut json = record.to_json();
-        if json.last() == Some(&b'}') {
-            json.pop();
-            json.extend_from_slice(
-                format!(",\"s3_write\":\"{}\"}}", self.writes.next()).as_bytes(),
-            );
-        }
-        json
+    fn record_body(&self, record: &LeaseRecord) -> Result<Vec<u8>, Error> {
+        let broken = |detail: String| {
+            Error::backend(
+                format!("encoding a lease record for S3 failed: {detail}"),
+                "a record the store could not make unique",
+            )
+        };
+        let mut doc: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&record.to_json()).map_err(|e| broken(e.to_string()))?;
+        doc.insert("s3_write".to_owned(), self.writes.next().into());
+        serde_json::to_vec(&doc).map_err(|e| broken(e.to_string()))
     }
 
     /// The body of a protected object: a write-id line, then the fence line and the value.
@@ -325,7 +365,15 @@ impl S3Store {
         expected: &Expected,
     ) -> Result<Option<FencingToken>, Error> {
         let name = self.mark_object(key);
+        // The whole acquire's deadline, taken once: outside the core's `within`, each call
+        // would get a fresh default budget and the rounds would never end.
+        let deadline = call_deadline();
         loop {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::unavailable(format!(
+                    "the token high-water mark of {key} kept changing until the call's deadline"
+                )));
+            }
             let (mark, cond) = match self.get(&name, None).await? {
                 Got::Object(body, etag) => (
                     parse_mark(&self.label(key.as_str(), &name), &body)?,
@@ -454,20 +502,55 @@ impl LeaseBackend for S3Store {
     async fn write(&self, request: WriteRequest) -> Result<WriteOutcome, Error> {
         let object = self.lease_object(&request.key);
         let mut record = request.record;
+        let mut expected = request.expected;
         if request.kind == WriteKind::Acquire {
+            if expected == Expected::Absent {
+                // Absence can come back (an operator deletes the object), so an acquire never
+                // writes its term on it: it creates a released placeholder, whose ETag is
+                // new, and takes that (see the crate docs, "Fencing tokens").
+                let mut placeholder = record.clone();
+                placeholder.state = LeaseState::Released;
+                placeholder.nonce = WriteNonce(record.nonce.0 ^ PLACEHOLDER_NONCE_MASK);
+                let body = self.record_body(&placeholder)?;
+                match self.put(&object, body, Cond::Absent, Op::Write).await {
+                    Ok(Put::Written(etag)) => expected = Expected::Revision(Revision::new(etag)),
+                    Ok(Put::Failed) => return Ok(WriteOutcome::Conflict { current: None }),
+                    // The placeholder is no term, so its unknown outcome is settled here: take
+                    // it if it is there, else the acquire failed without writing a term.
+                    Err(e) if e.kind() == ErrorKind::Indeterminate => {
+                        match self.read(&request.key).await? {
+                            Some(found) if found.record.nonce == placeholder.nonce => {
+                                expected = Expected::Revision(found.revision);
+                            }
+                            Some(_) => return Ok(WriteOutcome::Conflict { current: None }),
+                            None => {
+                                return Err(Error::Unavailable {
+                                    message: format!(
+                                        "creating the lease object of {} had no clear answer \
+                                         and it is not there; no term was written",
+                                        request.key
+                                    ),
+                                    source: Some(Box::new(e)),
+                                });
+                            }
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             match self
-                .raise_mark(&request.key, record.token, &request.expected)
+                .raise_mark(&request.key, record.token, &expected)
                 .await?
             {
                 Some(token) => record.token = token,
                 None => return Ok(WriteOutcome::Conflict { current: None }),
             }
         }
-        let cond = match &request.expected {
+        let cond = match &expected {
             Expected::Absent => Cond::Absent,
             Expected::Revision(r) => Cond::Matches(r.as_str()),
         };
-        let body = self.record_body(&record);
+        let body = self.record_body(&record)?;
         Ok(match self.put(&object, body, cond, Op::Write).await? {
             Put::Written(etag) => WriteOutcome::Written(Stored {
                 record,
@@ -550,13 +633,16 @@ mod tests {
             Default::default(),
             WriteNonce(7),
         );
-        let (one, two) = (s.record_body(&record), s.record_body(&record));
+        let (one, two) = (
+            s.record_body(&record).unwrap(),
+            s.record_body(&record).unwrap(),
+        );
         assert_ne!(one, two);
         for body in [&one, &two] {
             assert_eq!(LeaseRecord::from_json("k", body).unwrap(), record);
         }
         // Another store (another process) with the same record differs too.
-        assert_ne!(store().record_body(&record), one);
+        assert_ne!(store().record_body(&record).unwrap(), one);
 
         let (f1, f2) = (
             s.fenced_body(FencingToken(4), b"v"),

@@ -145,10 +145,9 @@ impl Failure {
         match (*status, code.as_str()) {
             (412, _) | (_, "PreconditionFailed") => Some(Answer::PreconditionFailed),
             (304, _) | (_, "NotModified") => Some(Answer::NotModified),
+            // Only S3's own code: a bare 404 (a wrong endpoint, a proxy) is not an absent object,
+            // or a misconfigured store would read "absent" forever.
             (404, "NoSuchKey") => Some(Answer::NoSuchKey),
-            // A HEAD-like answer without a body: a 404 that does not name the bucket is the
-            // object's (a missing bucket always says `NoSuchBucket` on a GET).
-            (404, "" | "NotFound") => Some(Answer::NoSuchKey),
             _ => None,
         }
     }
@@ -311,7 +310,7 @@ fn service_error(
             message: format!("{}: {said}", op.name()),
             source,
         }
-    } else if code == "ConditionalRequestConflict" || status == 409 {
+    } else if matches!(code, "ConditionalRequestConflict" | "OperationAborted") {
         // S3: a conflicting request on the same object raced this conditional one, and this
         // one was not applied. Retrying with the same condition is safe.
         Error::Unavailable {
@@ -347,6 +346,14 @@ fn service_error(
                 "the S3 endpoint does not implement a request leader-s3 needs (conditional \
                  writes: If-Match / If-None-Match: * on PutObject); use Amazon S3 or a \
                  compatible store that supports them ({said})"
+            ),
+            source,
+        }
+    } else if code == "RequestTimeTooSkewed" {
+        Error::InvalidConfig {
+            message: format!(
+                "S3 refused the request because this machine's clock is more than 15 minutes \
+                 off (request signatures carry the time); synchronise the clock (NTP) ({said})"
             ),
             source,
         }
@@ -430,8 +437,9 @@ mod tests {
         assert_eq!(answer("", 412), Some(Answer::PreconditionFailed));
         assert_eq!(answer("NoSuchKey", 404), Some(Answer::NoSuchKey));
         assert_eq!(answer("", 304), Some(Answer::NotModified));
-        // A missing bucket is not an absent object.
+        // A missing bucket is not an absent object, nor is a bare 404 (a wrong endpoint).
         assert_eq!(answer("NoSuchBucket", 404), None);
+        assert_eq!(answer("", 404), None);
         assert_eq!(answer("ConditionalRequestConflict", 409), None);
         assert_eq!(Failure::TimedOut.answer(), None);
     }
@@ -500,6 +508,11 @@ mod tests {
         let (k, t) = text("NotImplemented", 501, None);
         assert_eq!(k, ErrorKind::InvalidConfig);
         assert!(t.contains("If-Match"), "{t}");
+        let (k, t) = text("RequestTimeTooSkewed", 403, None);
+        assert_eq!(k, ErrorKind::InvalidConfig);
+        assert!(t.contains("clock"), "{t}");
+        // A 409 other than a lost race is not retried.
+        assert_eq!(kind(Op::Write, "BucketNotEmpty", 409), ErrorKind::Backend);
         let (k, t) = text("AccessDenied", 403, None);
         assert_eq!(k, ErrorKind::PermissionDenied);
         assert!(t.contains("s3:ListBucket"), "{t}");

@@ -273,24 +273,28 @@ async fn a_lost_answer_is_indeterminate_and_the_core_recognises_its_write() {
             "{emu:?}: the write landed"
         );
 
-        // Through the core: the acquire's answer is lost, and it still holds the term.
+        // Through the core: the answer to the acquire's lease write (its second PUT, after
+        // the placeholder) is lost, and the core still holds the term; then the answer to
+        // the placeholder itself is lost, and the store takes its own placeholder.
         let backend: Arc<dyn LeaseBackend> = Arc::new(store_at(&p.url(), &bucket).await);
-        let fresh = LeaseKey::new("lost-acquire").unwrap();
-        let put = Match::path(hyper::Method::PUT, &format!("/{bucket}/lost-acquire"));
-        p.inject(Rule::new(put, Fault::LoseResponse));
-        let mut a = client(&backend, &fresh, "a");
-        let grant = acquire(&mut a).await;
+        for (i, skip) in [1, 0].into_iter().enumerate() {
+            let fresh = LeaseKey::new(format!("lost-acquire-{i}")).unwrap();
+            let put = Match::path(hyper::Method::PUT, &format!("/{bucket}/{fresh}"));
+            p.inject(Rule::new(put, Fault::LoseResponse).after(skip));
+            let mut a = client(&backend, &fresh, "a");
+            let grant = acquire(&mut a).await;
+            let stored = store.read(&fresh).await.unwrap().unwrap();
+            assert_eq!(
+                (stored.record.holder.as_str(), stored.record.token),
+                ("a", grant.token)
+            );
+            assert!(a.release().await.unwrap());
+        }
         assert_eq!(
             p.counts().lost.load(std::sync::atomic::Ordering::SeqCst),
-            2,
+            3,
             "{emu:?}"
         );
-        let stored = store.read(&fresh).await.unwrap().unwrap();
-        assert_eq!(
-            (stored.record.holder.as_str(), stored.record.token),
-            ("a", grant.token)
-        );
-        assert!(a.release().await.unwrap());
     }
 }
 
@@ -308,7 +312,7 @@ async fn tokens_rise_across_deletions_and_the_mark_keeps_the_highest() {
         let mut a = client(&backend, &key, "a");
         p.reset_requests();
         issued.push(acquire(&mut a).await.token.get());
-        // A first acquire: lease read, mark read, mark write, lease write.
+        // A first acquire: lease read, placeholder write, mark read and write, lease write.
         let requests = p.requests();
         let count = |what: &str| requests.get(what).copied().unwrap_or(0);
         assert_eq!(
@@ -316,7 +320,7 @@ async fn tokens_rise_across_deletions_and_the_mark_keeps_the_highest() {
             1,
             "{requests:?}"
         );
-        assert_eq!(count(&format!("PUT /{bucket}/deleted")), 1, "{requests:?}");
+        assert_eq!(count(&format!("PUT /{bucket}/deleted")), 2, "{requests:?}");
         // Deleted mid-term; a candidate that never saw the key proposes token 1.
         raw_delete(&url, &bucket, "deleted").await;
         let mut b = client(&backend, &key, "b");
@@ -357,7 +361,12 @@ async fn a_malformed_mark_is_reported_and_kept() {
         assert!(err.to_string().contains(".m.token"), "{err}");
         let (body, _) = raw_get(&url, &bucket, ".m.token").await.unwrap();
         assert_eq!(body, b"not a number");
-        assert!(raw_get(&url, &bucket, "m").await.is_none());
+        // At most the acquire's released placeholder is there: no term began.
+        let lease = backend.read(&LeaseKey::new("m").unwrap()).await.unwrap();
+        assert!(
+            lease.is_none_or(|l| l.record.state == leader_core::backend::LeaseState::Released),
+            "{emu:?}"
+        );
     }
 }
 
@@ -494,5 +503,121 @@ async fn versioned_and_object_lock_buckets_elect() {
             let second = acquire(&mut b).await;
             assert!(second.token > first.token, "{emu:?} {bucket}");
         }
+    }
+}
+
+/// An acquire of an absent record whose create is held in flight while another candidate
+/// takes the key and an operator deletes the record: when the held create lands, its term's
+/// token is still above the other's (the create is a released placeholder, and the token is
+/// raised only after it landed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_create_after_a_deletion_still_gets_a_higher_token() {
+    for emu in Emu::BOTH {
+        let Some(url) = emu.url() else { continue };
+        let bucket = new_bucket(&url).await;
+        let p = proxy(&url).await;
+        let late = store_at(&p.url(), &bucket).await;
+        let key = LeaseKey::new("late-create").unwrap();
+        let put = Match::path(hyper::Method::PUT, &format!("/{bucket}/late-create"));
+        p.inject(Rule::new(
+            put,
+            Fault::Delay(std::time::Duration::from_millis(800)),
+        ));
+        let b = {
+            let key = key.clone();
+            tokio::spawn(async move {
+                let request = write(
+                    &key,
+                    Expected::Absent,
+                    record("b", 1, 11),
+                    WriteKind::Acquire,
+                );
+                within(std::time::Duration::from_secs(3), late.write(request)).await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let direct = store_at(&url, &bucket).await;
+        let request = write(
+            &key,
+            Expected::Absent,
+            record("a", 1, 12),
+            WriteKind::Acquire,
+        );
+        let WriteOutcome::Written(a) = direct.write(request).await.unwrap() else {
+            panic!("{emu:?}: a did not acquire")
+        };
+        raw_delete(&url, &bucket, "late-create").await;
+        let WriteOutcome::Written(b) = b.await.unwrap().unwrap().unwrap() else {
+            panic!("{emu:?}: b did not acquire after the deletion")
+        };
+        assert!(
+            b.record.token > a.record.token,
+            "{emu:?}: b's term {} began after a's {}",
+            b.record.token,
+            a.record.token
+        );
+    }
+}
+
+/// A throttled write is retried, but S3 does not promise it was not applied: once a write was
+/// throttled, a retry that finds the condition failed is an unknown outcome, not a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_after_throttling_is_an_unknown_outcome() {
+    for emu in Emu::BOTH {
+        let Some(url) = emu.url() else { continue };
+        let bucket = new_bucket(&url).await;
+        let p = proxy(&url).await;
+        let store = store_at(&p.url(), &bucket).await;
+        let key = LeaseKey::new("slow").unwrap();
+        let put = || Match::path(hyper::Method::PUT, &format!("/{bucket}/slow"));
+        let slow_down = || Fault::Answer(Canned::s3(503, "SlowDown"));
+        let budget = std::time::Duration::from_secs(2);
+        // Throttled once, then written.
+        p.inject(Rule::new(put(), slow_down()));
+        let out = within(
+            budget,
+            store.write(write(
+                &key,
+                Expected::Absent,
+                record("a", 1, 1),
+                WriteKind::Renew,
+            )),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(matches!(out, WriteOutcome::Written(_)), "{emu:?}: {out:?}");
+        // Throttled, then the condition fails (the object exists): unknown, not a conflict.
+        p.inject(Rule::new(put(), slow_down()));
+        let err = within(
+            budget,
+            store.write(write(
+                &key,
+                Expected::Absent,
+                record("a", 1, 2),
+                WriteKind::Renew,
+            )),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Indeterminate, "{emu:?}: {err}");
+        // Without throttling, the same write is a plain conflict.
+        let out = within(
+            budget,
+            store.write(write(
+                &key,
+                Expected::Absent,
+                record("a", 1, 3),
+                WriteKind::Renew,
+            )),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(
+            matches!(out, WriteOutcome::Conflict { .. }),
+            "{emu:?}: {out:?}"
+        );
     }
 }
