@@ -325,10 +325,12 @@ async fn tokens_rise_across_deletions_and_the_mark_keeps_the_highest() {
         raw_delete(&url, &bucket, "deleted").await;
         let mut b = client(&backend, &key, "b");
         issued.push(acquire(&mut b).await.token.get());
-        // The deposed holder's renew finds b's record: its term is over.
+        // The deposed holder's renew finds b's record: its term is over (or it had already
+        // expired on a's own clock, on a slow machine).
+        let renewal = a.renew().await.unwrap();
         assert!(
-            matches!(a.renew().await.unwrap(), leader_core::Renewal::Lost { .. }),
-            "{emu:?}"
+            !matches!(renewal, leader_core::Renewal::Renewed(_)),
+            "{emu:?}: {renewal:?}"
         );
         assert!(b.release().await.unwrap());
         raw_delete(&url, &bucket, "deleted").await;
