@@ -70,11 +70,15 @@
 //!   `LastModified` is a clock), so each key has a **token high-water mark**, the object
 //!   `<prefix>.<key>.token` holding the highest token ever granted. Every acquire first raises
 //!   it, by `If-Match` (or `If-None-Match: *`) on the mark it read, to the proposed token or one
-//!   above the mark if that is higher, and only then writes the lease. A later term read the
-//!   lease after the earlier term wrote it, so it reads the mark after the earlier term raised
-//!   it: tokens strictly increase, also after an operator deletes the lease object. (Deleting
-//!   the mark as well loses that memory: the next token is then one above the lease's, or 1.)
-//!   A takeover costs one GET and two PUTs; renews and releases are one PUT and keep the token.
+//!   above the mark if that is higher, and only then writes the lease, always by `If-Match` on
+//!   an ETag it read: an acquire of an absent record first creates a *released* placeholder
+//!   (`If-None-Match: *`) and takes that. Why: an ETag is new, absence is not (an operator can
+//!   delete the object again). A term's write on ETag `e` lands only if `e` came after every
+//!   earlier term's lease write, and the term read the mark after `e` existed, so after every
+//!   earlier term raised it: tokens strictly increase, also after an operator deletes the lease
+//!   object, even while a create is held in flight. (Deleting the mark as well loses that
+//!   memory: the next token is then one above the lease's, or 1.) A takeover costs one GET and
+//!   two PUTs (three on an absent record); renews and releases are one PUT and keep the token.
 //! - **Followers** poll with `GetObject` and `If-None-Match: <ETag>`, which S3 answers 304
 //!   without a body while the record is unchanged (one GET request either way, billed at the
 //!   GET rate). A follower takes over only after it has seen the same ETag for a full ttl on its
@@ -95,12 +99,14 @@
 //!   that the lease is still the writer's: a deposed leader that has not yet seen a newer term
 //!   may still write, as long as no newer term has written the object. Once a newer term has,
 //!   the object's fence is above the old token and every write of the old term is refused, and
-//!   a write of the old term that raced it is refused by the ETag condition.
+//!   a write of the old term that raced it is refused by the ETag condition. An object that is
+//!   deleted loses its fence: the next write creates it again with any token (as on GCS).
 //! - **Buckets.** Unversioned buckets are best. A versioned bucket works (conditions apply to
 //!   the current version), but keeps every renew as a version: add a lifecycle rule that
 //!   expires noncurrent versions under the prefix. A bucket with Object Lock works too (the SDK
-//!   sends a checksum with every put), with the same cost in versions. This crate never
-//!   creates buckets.
+//!   sends a checksum with every put), but a default retention keeps every renew as a locked
+//!   version that no lifecycle rule can expire until the retention ends: do not apply one to
+//!   the lease prefix. This crate never creates buckets.
 //! - **S3-compatible stores** must implement `If-None-Match: *` and `If-Match` on `PutObject`
 //!   atomically; one that answers 501 is refused with
 //!   [`Error::InvalidConfig`](leader_core::Error). One that accepts the headers and ignores
