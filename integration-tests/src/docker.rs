@@ -27,6 +27,7 @@ struct Started {
 
 static AZURITE: OnceCell<Started> = OnceCell::const_new();
 static LOCALSTACK: OnceCell<Started> = OnceCell::const_new();
+static LOCALSTACK_S3: OnceCell<Started> = OnceCell::const_new();
 static FAKE_GCS: OnceCell<Started> = OnceCell::const_new();
 static ETCD: OnceCell<Started> = OnceCell::const_new();
 static ZOOKEEPER: OnceCell<Started> = OnceCell::const_new();
@@ -47,6 +48,8 @@ pub(crate) async fn start(emulator: Emulator) -> Result<String, String> {
         Emulator::Gcs => &FAKE_GCS,
         Emulator::Etcd => &ETCD,
         Emulator::ZooKeeper => &ZOOKEEPER,
+        // No moto image is pinned: both S3 emulators are LocalStack's S3 in Docker.
+        Emulator::MotoS3 | Emulator::LocalStackS3 => &LOCALSTACK_S3,
     };
     let started = cell
         .get_or_try_init(|| launch(emulator))
@@ -81,6 +84,15 @@ async fn launch(emulator: Emulator) -> Result<Started, testcontainers::Testconta
                 .with_exposed_port(4566.tcp())
                 .with_wait_for(WaitFor::message_on_stdout("Ready."))
                 .with_env_var("SERVICES", "dynamodb"),
+            4566,
+            "http://",
+            "",
+        ),
+        Emulator::MotoS3 | Emulator::LocalStackS3 => (
+            GenericImage::new(images::LOCALSTACK.0, images::LOCALSTACK.1)
+                .with_exposed_port(4566.tcp())
+                .with_wait_for(WaitFor::message_on_stdout("Ready."))
+                .with_env_var("SERVICES", "s3"),
             4566,
             "http://",
             "",

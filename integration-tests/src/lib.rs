@@ -14,7 +14,8 @@
 //!
 //! The client helpers talk to the emulators the way the backends will: [`azure`] signs Blob
 //! requests with Shared Key, [`dynamodb`] builds an `aws-sdk-dynamodb` client, [`gcs`] does JSON
-//! API uploads with generation preconditions. etcd and ZooKeeper are the real servers, not
+//! API uploads with generation preconditions, [`s3`] builds a path-style `aws-sdk-s3` client
+//! (for buckets, which the S3 store never creates). etcd and ZooKeeper are the real servers, not
 //! emulators; [`tcp_proxy`] puts byte-level faults between them and their clients.
 
 pub mod azure;
@@ -24,6 +25,7 @@ pub mod dynamodb;
 pub mod etcd;
 pub mod gcs;
 pub mod proxy;
+pub mod s3;
 pub mod tcp_proxy;
 pub mod tls;
 
@@ -42,7 +44,8 @@ pub const ALLOW_SKIP_VAR: &str = "LEADER_ALLOW_SKIP";
 pub mod images {
     /// Azurite (blob service only).
     pub const AZURITE: (&str, &str) = ("mcr.microsoft.com/azure-storage/azurite", "3.35.0");
-    /// LocalStack for DynamoDB; 4.14.0 is the last tag that runs without an auth token.
+    /// LocalStack for DynamoDB and for S3 (a container of each); 4.14.0 is the last tag that
+    /// runs without an auth token.
     pub const LOCALSTACK: (&str, &str) = ("localstack/localstack", "4.14.0");
     /// fake-gcs-server, the same version as the binary `scripts/emulators` installs.
     pub const FAKE_GCS: (&str, &str) = ("fsouza/fake-gcs-server", "1.54.0");
@@ -67,26 +70,43 @@ pub enum Emulator {
     Etcd,
     /// A standalone ZooKeeper server.
     ZooKeeper,
+    /// Amazon S3 on moto: the same server as [`DynamoDb`](Self::DynamoDb), path-style (or
+    /// LocalStack's S3 in Docker).
+    MotoS3,
+    /// Amazon S3 on LocalStack's S3 provider.
+    LocalStackS3,
 }
 
 impl Emulator {
     /// All emulators.
-    pub const ALL: [Emulator; 5] = [
+    pub const ALL: [Emulator; 7] = [
         Emulator::Azurite,
         Emulator::DynamoDb,
         Emulator::Gcs,
         Emulator::Etcd,
         Emulator::ZooKeeper,
+        Emulator::MotoS3,
+        Emulator::LocalStackS3,
     ];
 
     /// The environment variable that carries this emulator's endpoint (see [`Endpoint::url`]).
     pub fn env_var(self) -> &'static str {
+        self.env_vars()[0]
+    }
+
+    /// The variables that may carry its endpoint, the first that is set wins:
+    /// [`env_var`](Self::env_var), then for moto's S3 the endpoint of moto itself
+    /// (`AWS_ENDPOINT_URL`, which `scripts/emulators` exported before it exported
+    /// `LEADER_MOTO_S3_ENDPOINT`).
+    pub fn env_vars(self) -> &'static [&'static str] {
         match self {
-            Emulator::Azurite => "AZURITE_BLOB_ENDPOINT",
-            Emulator::DynamoDb => "AWS_ENDPOINT_URL",
-            Emulator::Gcs => "STORAGE_EMULATOR_HOST",
-            Emulator::Etcd => "LEADER_ETCD_ENDPOINT",
-            Emulator::ZooKeeper => "LEADER_ZOOKEEPER_ENDPOINT",
+            Emulator::Azurite => &["AZURITE_BLOB_ENDPOINT"],
+            Emulator::DynamoDb => &["AWS_ENDPOINT_URL"],
+            Emulator::Gcs => &["STORAGE_EMULATOR_HOST"],
+            Emulator::Etcd => &["LEADER_ETCD_ENDPOINT"],
+            Emulator::ZooKeeper => &["LEADER_ZOOKEEPER_ENDPOINT"],
+            Emulator::MotoS3 => &["LEADER_MOTO_S3_ENDPOINT", "AWS_ENDPOINT_URL"],
+            Emulator::LocalStackS3 => &["LEADER_LOCALSTACK_ENDPOINT"],
         }
     }
 
@@ -98,6 +118,8 @@ impl Emulator {
             Emulator::Gcs => "fake-gcs-server (GCS)",
             Emulator::Etcd => "etcd",
             Emulator::ZooKeeper => "ZooKeeper",
+            Emulator::MotoS3 => "moto (S3)",
+            Emulator::LocalStackS3 => "LocalStack (S3)",
         }
     }
 }
@@ -211,7 +233,7 @@ fn env_nonempty(name: &str) -> Option<String> {
 /// Finds (or starts) the endpoint of one emulator; `Ok(None)` means: skip, as the user allowed
 /// with `LEADER_ALLOW_SKIP=1`. See the crate docs for the order of the attempts.
 pub async fn endpoint(emulator: Emulator) -> Result<Option<Endpoint>, HarnessError> {
-    if let Some(url) = env_nonempty(emulator.env_var()) {
+    if let Some(url) = emulator.env_vars().iter().find_map(|v| env_nonempty(v)) {
         return Ok(Some(Endpoint {
             emulator,
             url,

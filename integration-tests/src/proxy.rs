@@ -50,6 +50,8 @@ pub struct ProxyFaults {
     pub throttle_fraction: f64,
     /// The status of throttling answers (429 or 503).
     pub throttle_status: u16,
+    /// The shape of throttling answers: a bare status, or the store's own error.
+    pub throttle_answer: ThrottleAnswer,
     /// Fraction of requests forwarded (and applied) whose response is dropped.
     pub lose_response_fraction: f64,
     /// Fraction of requests held for `late_by` before they are forwarded (and applied); their
@@ -68,9 +70,30 @@ impl Default for ProxyFaults {
             blackhole: false,
             throttle_fraction: 0.0,
             throttle_status: 503,
+            throttle_answer: ThrottleAnswer::Plain,
             lose_response_fraction: 0.0,
             late_fraction: 0.0,
             late_by: Duration::ZERO,
+        }
+    }
+}
+
+/// How the random throttling of [`ProxyFaults`] answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ThrottleAnswer {
+    /// The status with an empty body and `Retry-After: 1` ([`Canned::status`]).
+    #[default]
+    Plain,
+    /// As S3 throttles: the status with S3's XML error `SlowDown` ([`Canned::s3`]).
+    S3SlowDown,
+}
+
+impl ThrottleAnswer {
+    /// The answer with `status`.
+    pub fn canned(self, status: u16) -> Canned {
+        match self {
+            ThrottleAnswer::Plain => Canned::status(status),
+            ThrottleAnswer::S3SlowDown => Canned::s3(status, "SlowDown"),
         }
     }
 }
@@ -370,10 +393,17 @@ fn aws_request_details(operation: &str, body: &[u8]) -> (Option<bool>, Option<us
 }
 
 /// The error code of an error answer: Azure's `x-ms-error-code`, the AWS JSON protocol's
-/// `__type` (without its namespace), or the first reason of a Cloud Storage JSON error.
+/// `__type` (without its namespace), the first reason of a Cloud Storage JSON error, or the
+/// `<Code>` of an S3 XML error.
 fn error_code(headers: &HeaderMap, body: &[u8]) -> Option<String> {
     if let Some(code) = headers.get("x-ms-error-code").and_then(|v| v.to_str().ok()) {
         return Some(code.to_owned());
+    }
+    if body.trim_ascii_start().starts_with(b"<") {
+        let text = String::from_utf8_lossy(body);
+        let (_, rest) = text.split_once("<Code>")?;
+        let (code, _) = rest.split_once("</Code>")?;
+        return Some(code.trim().to_owned()).filter(|c| !c.is_empty());
     }
     let json: serde_json::Value = serde_json::from_slice(body).ok()?;
     if let Some(t) = json.get("__type").and_then(serde_json::Value::as_str) {
@@ -709,7 +739,10 @@ async fn decide(
     }
     if shared.chance(faults.throttle_fraction) {
         counts.throttled.fetch_add(1, Ordering::Relaxed);
-        return Ok(Canned::status(faults.throttle_status).response());
+        return Ok(faults
+            .throttle_answer
+            .canned(faults.throttle_status)
+            .response());
     }
     let planned = shared.planned(&seen);
     let late = match planned {
@@ -832,6 +865,18 @@ mod tests {
             error_code(&HeaderMap::new(), gcs).as_deref(),
             Some("conditionNotMet")
         );
+        let s3 = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>PreconditionFailed</Code>\
+            <Message>At least one of the pre-conditions you specified did not hold</Message></Error>";
+        assert_eq!(
+            error_code(&HeaderMap::new(), s3).as_deref(),
+            Some("PreconditionFailed")
+        );
+        let canned = ThrottleAnswer::S3SlowDown.canned(503);
+        assert_eq!(
+            error_code(&HeaderMap::new(), canned.body.as_bytes()).as_deref(),
+            Some("SlowDown")
+        );
+        assert_eq!(error_code(&HeaderMap::new(), b"<Error/>"), None);
         assert_eq!(error_code(&HeaderMap::new(), b""), None);
     }
 }

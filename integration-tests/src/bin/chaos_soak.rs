@@ -1,5 +1,6 @@
 //! The long form of the chaos drills: `chaos_soak [rounds=N] [parallel=P]
-//! [parallel-BACKEND=P ...] [minutes=M] [backends=file,azure,dynamo,gcs,etcd,zookeeper]
+//! [parallel-BACKEND=P ...] [minutes=M]
+//! [backends=file,azure,dynamo,gcs,s3,s3-localstack,etcd,zookeeper,quorum-file]
 //! [scenarios=sigkill,sigstop,partition,stall,throttle,sigterm,lossy,late,restart,restart-empty]
 //! [out=FILE] [dir=DIR]`.
 //!

@@ -13,7 +13,7 @@ use super::process::{Proc, leader, logs, term_after, terms_started_while_cut_off
 use super::restart::{Instance, Outage, outage};
 use super::scenario::{SLACK, Scenario};
 use super::{BackendKind, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us};
-use crate::proxy::ProxyFaults;
+use crate::proxy::{ProxyFaults, ThrottleAnswer};
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
 pub(super) struct RoundContext<'a> {
@@ -25,7 +25,7 @@ pub(super) struct RoundContext<'a> {
     pub(super) procs: &'a mut [Proc],
     /// The round's own store instance (restart rounds only).
     pub(super) store: Option<&'a mut Instance>,
-    /// The backend, for the scenario's bound.
+    /// The backend, for the scenario's bound and the shape of its throttling answers.
     pub(super) kind: BackendKind,
     /// The quorum's member folders, in member order (the quorum of folders only).
     pub(super) folders: Vec<PathBuf>,
@@ -58,6 +58,7 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
         procs: round.procs,
         store: round.store,
         bound: round.scenario.bound(round.kind, round.timing),
+        kind: round.kind,
         folders: round.folders,
         key: round.key,
         violations: Vec::new(),
@@ -80,6 +81,7 @@ struct Drive<'a> {
     timing: &'a Timing,
     procs: &'a mut [Proc],
     store: Option<&'a mut Instance>,
+    kind: BackendKind,
     folders: Vec<PathBuf>,
     key: &'a str,
     /// The scenario's bound on the failover, handover or recovery time, if it has one.
@@ -396,6 +398,12 @@ impl Drive<'_> {
             Scenario::Throttle => ProxyFaults {
                 throttle_fraction: 0.3,
                 throttle_status: 503,
+                // S3 throttles with its own error; the others get a bare 503.
+                throttle_answer: if self.kind.s3() {
+                    ThrottleAnswer::S3SlowDown
+                } else {
+                    ThrottleAnswer::Plain
+                },
                 ..ProxyFaults::default()
             },
             Scenario::Lossy => ProxyFaults {

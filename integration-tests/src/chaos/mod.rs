@@ -69,6 +69,10 @@ pub enum BackendKind {
     Dynamo,
     /// Google Cloud Storage on fake-gcs-server.
     Gcs,
+    /// Amazon S3 on moto (the DynamoDB emulator's server, requests one at a time).
+    S3,
+    /// Amazon S3 on LocalStack's S3 provider.
+    S3LocalStack,
     /// etcd (a real server), behind a TCP-level proxy.
     Etcd,
     /// ZooKeeper (a real server), behind a TCP-level proxy.
@@ -81,11 +85,13 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// Every backend.
-    pub const ALL: [BackendKind; 7] = [
+    pub const ALL: [BackendKind; 9] = [
         BackendKind::File,
         BackendKind::Azure,
         BackendKind::Dynamo,
         BackendKind::Gcs,
+        BackendKind::S3,
+        BackendKind::S3LocalStack,
         BackendKind::Etcd,
         BackendKind::ZooKeeper,
         BackendKind::QuorumFile,
@@ -98,6 +104,8 @@ impl BackendKind {
             BackendKind::Azure => "azure",
             BackendKind::Dynamo => "dynamo",
             BackendKind::Gcs => "gcs",
+            BackendKind::S3 => "s3",
+            BackendKind::S3LocalStack => "s3-localstack",
             BackendKind::Etcd => "etcd",
             BackendKind::ZooKeeper => "zookeeper",
             BackendKind::QuorumFile => "quorum-file",
@@ -116,6 +124,8 @@ impl BackendKind {
             BackendKind::Azure => Some(crate::Emulator::Azurite),
             BackendKind::Dynamo => Some(crate::Emulator::DynamoDb),
             BackendKind::Gcs => Some(crate::Emulator::Gcs),
+            BackendKind::S3 => Some(crate::Emulator::MotoS3),
+            BackendKind::S3LocalStack => Some(crate::Emulator::LocalStackS3),
             BackendKind::Etcd => Some(crate::Emulator::Etcd),
             BackendKind::ZooKeeper => Some(crate::Emulator::ZooKeeper),
         }
@@ -123,7 +133,8 @@ impl BackendKind {
 
     /// The shortest timing the store copes with in these drills: Azure grants leases of 15 s at
     /// least; GCS allows one write per second to an object; the DynamoDB emulator serialises
-    /// requests; etcd's leases last whole seconds (2 s at least with its default election
+    /// requests, and so does moto's S3 (the same server; a takeover there is three requests, a
+    /// fenced write two); etcd's leases last whole seconds (2 s at least with its default election
     /// timeout); ZooKeeper's sessions here last 400 ms at least; a quorum's renew writes
     /// every member.
     pub fn timing(self) -> Timing {
@@ -153,6 +164,15 @@ impl BackendKind {
                 t.margin = Duration::from_millis(600);
                 t.renew_every = Duration::from_millis(500);
                 t.retry_every = Duration::from_millis(400);
+                t
+            }
+            // The timing of leader-s3's conformance tests on both emulators.
+            BackendKind::S3 | BackendKind::S3LocalStack => {
+                let mut t = Timing::from_ttl(Duration::from_secs(3));
+                t.request_timeout = Duration::from_millis(500);
+                t.margin = Duration::from_secs(1);
+                t.renew_every = Duration::from_secs(1);
+                t.retry_every = Duration::from_millis(500);
                 t
             }
             BackendKind::Gcs => {
@@ -188,8 +208,17 @@ impl BackendKind {
     pub fn http(self) -> bool {
         matches!(
             self,
-            BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+            BackendKind::Azure
+                | BackendKind::Dynamo
+                | BackendKind::Gcs
+                | BackendKind::S3
+                | BackendKind::S3LocalStack
         )
+    }
+
+    /// Whether it is S3 (on either emulator): its throttling answer is S3's 503 `SlowDown`.
+    pub fn s3(self) -> bool {
+        matches!(self, BackendKind::S3 | BackendKind::S3LocalStack)
     }
 }
 
@@ -251,7 +280,7 @@ pub type OpenedStore = (Arc<dyn LeaseBackend>, Arc<dyn FencedStore>);
 /// Opens `kind` at `endpoint` (the emulator's or a proxy's base URL; the directory for the file
 /// store) in `place` (container, table or bucket; ignored by the file store). With `create`,
 /// the container or table is created if missing (buckets are created with
-/// [`GcsClient`](crate::gcs::GcsClient)).
+/// [`GcsClient`](crate::gcs::GcsClient) and [`s3::create_bucket`](crate::s3::create_bucket)).
 ///
 /// # Errors
 /// The store's error when it cannot be configured or reached.
@@ -286,6 +315,11 @@ pub async fn open_store(
             folder: String::new(),
             key,
         },
+        BackendKind::S3 | BackendKind::S3LocalStack => StoreUrl::S3 {
+            bucket: place.to_owned(),
+            folder: String::new(),
+            key,
+        },
         // The endpoint (below) names the server or the proxy in front of it; the place is the
         // key prefix (etcd) or the parent node (ZooKeeper) of this round.
         BackendKind::Etcd => StoreUrl::Etcd {
@@ -310,8 +344,8 @@ pub async fn open_store(
     let options = OpenOptions::new()
         .with_emulator(true)
         .with_endpoint(endpoint)
-        // Buckets are created with GcsClient; `leader` cannot create them.
-        .with_create_if_missing(create && kind != BackendKind::Gcs);
+        // Buckets are created by `place::create_place`; `leader` cannot create them.
+        .with_create_if_missing(create && kind != BackendKind::Gcs && !kind.s3());
     let store = leader::open(&url, &options).await?;
     Ok((store.clone(), store))
 }

@@ -40,6 +40,7 @@ pub(super) async fn create_place(kind: BackendKind, url: &str, place: &str) -> R
             .create_bucket(place)
             .await
             .map_err(|e| format!("creating bucket {place}: {e}"))?,
+        BackendKind::S3 | BackendKind::S3LocalStack => crate::s3::create_bucket(url, place).await?,
         _ => {
             open_store_patiently(kind, url, place, true)
                 .await

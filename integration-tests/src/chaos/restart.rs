@@ -37,6 +37,8 @@ fn emulator_name(kind: BackendKind) -> Option<&'static str> {
         BackendKind::Azure => Some("azurite"),
         BackendKind::Dynamo => Some("moto"),
         BackendKind::Gcs => Some("gcs"),
+        BackendKind::S3 => Some("moto"),
+        BackendKind::S3LocalStack => Some("localstack"),
         BackendKind::Etcd => Some("etcd"),
         BackendKind::ZooKeeper => Some("zookeeper"),
     }

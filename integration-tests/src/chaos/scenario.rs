@@ -92,7 +92,8 @@ impl Scenario {
     /// Whether it applies to `kind`: the file store has no proxy to partition, throttle or
     /// delay, and no server to restart; a byte-level proxy (etcd, ZooKeeper) can partition,
     /// stall and hold bytes (late delivery) but not throttle or lose single answers; the
-    /// DynamoDB emulator keeps nothing across a restart (only the empty restart applies); etcd
+    /// DynamoDB emulator and both S3 emulators (moto, LocalStack) keep nothing across a
+    /// restart (only the empty restart applies); etcd
     /// and ZooKeeper take their tokens from the store's own counter (revision, zxid), which a
     /// wiped store starts again near zero: their backends refuse to go on below a token they
     /// have seen (an error that needs a person, by design), so the empty restart does not
@@ -103,7 +104,7 @@ impl Scenario {
             Scenario::Kill | Scenario::Stop | Scenario::Term => true,
             Scenario::Partition | Scenario::Stall | Scenario::Late => kind.proxied(),
             Scenario::Throttle | Scenario::Lossy => kind.http(),
-            Scenario::Restart => kind.proxied() && kind != BackendKind::Dynamo,
+            Scenario::Restart => kind.proxied() && kind != BackendKind::Dynamo && !kind.s3(),
             Scenario::RestartEmpty => {
                 kind.proxied() && !matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper)
             }
@@ -145,15 +146,27 @@ mod tests {
                     }
                     Scenario::Throttle | Scenario::Lossy => matches!(
                         kind,
-                        BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+                        BackendKind::Azure
+                            | BackendKind::Dynamo
+                            | BackendKind::Gcs
+                            | BackendKind::S3
+                            | BackendKind::S3LocalStack
                     ),
                     Scenario::Restart => !matches!(
                         kind,
-                        BackendKind::File | BackendKind::QuorumFile | BackendKind::Dynamo
+                        BackendKind::File
+                            | BackendKind::QuorumFile
+                            | BackendKind::Dynamo
+                            | BackendKind::S3
+                            | BackendKind::S3LocalStack
                     ),
                     Scenario::RestartEmpty => matches!(
                         kind,
-                        BackendKind::Azure | BackendKind::Dynamo | BackendKind::Gcs
+                        BackendKind::Azure
+                            | BackendKind::Dynamo
+                            | BackendKind::Gcs
+                            | BackendKind::S3
+                            | BackendKind::S3LocalStack
                     ),
                     Scenario::MemberAway => kind == BackendKind::QuorumFile,
                 };

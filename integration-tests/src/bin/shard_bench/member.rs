@@ -241,6 +241,14 @@ pub(crate) async fn open(kind: BackendKind, url: &str, place: &str) -> Result<Co
                 .await
                 .map_err(fail)?,
         ),
+        BackendKind::S3 | BackendKind::S3LocalStack => Counted::new(
+            leader::s3::S3Builder::new()
+                .with_emulator(url)
+                .with_bucket(place)
+                .build()
+                .await
+                .map_err(fail)?,
+        ),
         BackendKind::Etcd => Counted::new(
             leader::etcd::EtcdBuilder::from_env_credentials()
                 .map_err(fail)?
