@@ -21,7 +21,7 @@ use leader_core::backend::{
 use leader_core::{
     Acquisition, ErrorKind, FencingToken, HolderId, LeaseBackend, LeaseClient, LeaseKey, Metadata,
 };
-use leader_s3::S3Builder;
+use leader_s3::{S3Builder, S3Store};
 use support::{Emu, new_bucket, proxy, raw_client, raw_delete, raw_get, raw_put, store_at, timing};
 
 fn record(holder: &str, token: u64, nonce: u64) -> LeaseRecord {
@@ -36,6 +36,21 @@ fn record(holder: &str, token: u64, nonce: u64) -> LeaseRecord {
 
 fn write(key: &LeaseKey, expected: Expected, record: LeaseRecord, kind: WriteKind) -> WriteRequest {
     WriteRequest::new(key.clone(), expected, record, kind, TermId(1))
+}
+
+/// Writes holder a's record with `nonce` to `key` on `expected` (a plain write, no token
+/// mark), within `budget` as the core would.
+async fn put_record(
+    store: &S3Store,
+    key: &LeaseKey,
+    expected: Expected,
+    nonce: u64,
+    budget: std::time::Duration,
+) -> Result<WriteOutcome, leader_core::Error> {
+    let request = write(key, expected, record("a", 1, nonce), WriteKind::Renew);
+    within(budget, store.write(request))
+        .await
+        .expect("the store ends its call by the deadline")
 }
 
 fn client(store: &Arc<dyn LeaseBackend>, key: &LeaseKey, who: &str) -> LeaseClient {
@@ -204,18 +219,9 @@ async fn a_409_is_retried_and_a_persistent_one_writes_nothing() {
         let conflict = || Fault::Answer(Canned::s3(409, "ConditionalRequestConflict"));
         p.inject(Rule::new(lease_put.clone(), conflict()));
         p.reset_requests();
-        let out = within(
-            timing().request_timeout,
-            store.write(write(
-                &key,
-                Expected::Absent,
-                record("a", 1, 1),
-                WriteKind::Renew,
-            )),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let out = put_record(&store, &key, Expected::Absent, 1, timing().request_timeout)
+            .await
+            .unwrap();
         assert!(matches!(out, WriteOutcome::Written(_)), "{emu:?}: {out:?}");
         let puts = p.requests().get(&format!("PUT /{bucket}/k409")).copied();
         assert_eq!(puts, Some(2), "{emu:?}: {:?}", p.requests());
@@ -223,17 +229,14 @@ async fn a_409_is_retried_and_a_persistent_one_writes_nothing() {
         let other = LeaseKey::new("other").unwrap();
         let other_put = Match::path(hyper::Method::PUT, &format!("/{bucket}/other"));
         p.inject(Rule::new(other_put, conflict()).times(1000));
-        let err = within(
+        let err = put_record(
+            &store,
+            &other,
+            Expected::Absent,
+            2,
             timing().request_timeout,
-            store.write(write(
-                &other,
-                Expected::Absent,
-                record("a", 1, 2),
-                WriteKind::Renew,
-            )),
         )
         .await
-        .unwrap()
         .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{emu:?}: {err}");
         assert!(raw_get(&url, &bucket, "other").await.is_none(), "{emu:?}");
@@ -253,18 +256,9 @@ async fn a_lost_answer_is_indeterminate_and_the_core_recognises_its_write() {
         let key = LeaseKey::new("lost").unwrap();
         let lease_put = Match::path(hyper::Method::PUT, &format!("/{bucket}/lost"));
         p.inject(Rule::new(lease_put.clone(), Fault::LoseResponse));
-        let err = within(
-            timing().request_timeout,
-            store.write(write(
-                &key,
-                Expected::Absent,
-                record("a", 1, 3),
-                WriteKind::Renew,
-            )),
-        )
-        .await
-        .unwrap()
-        .unwrap_err();
+        let err = put_record(&store, &key, Expected::Absent, 3, timing().request_timeout)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Indeterminate, "{emu:?}: {err}");
         let landed = store.read(&key).await.unwrap().unwrap();
         assert_eq!(
@@ -576,47 +570,20 @@ async fn a_conflict_after_throttling_is_an_unknown_outcome() {
         let budget = std::time::Duration::from_secs(2);
         // Throttled once, then written.
         p.inject(Rule::new(put(), slow_down()));
-        let out = within(
-            budget,
-            store.write(write(
-                &key,
-                Expected::Absent,
-                record("a", 1, 1),
-                WriteKind::Renew,
-            )),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let out = put_record(&store, &key, Expected::Absent, 1, budget)
+            .await
+            .unwrap();
         assert!(matches!(out, WriteOutcome::Written(_)), "{emu:?}: {out:?}");
         // Throttled, then the condition fails (the object exists): unknown, not a conflict.
         p.inject(Rule::new(put(), slow_down()));
-        let err = within(
-            budget,
-            store.write(write(
-                &key,
-                Expected::Absent,
-                record("a", 1, 2),
-                WriteKind::Renew,
-            )),
-        )
-        .await
-        .unwrap()
-        .unwrap_err();
+        let err = put_record(&store, &key, Expected::Absent, 2, budget)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Indeterminate, "{emu:?}: {err}");
         // Without throttling, the same write is a plain conflict.
-        let out = within(
-            budget,
-            store.write(write(
-                &key,
-                Expected::Absent,
-                record("a", 1, 3),
-                WriteKind::Renew,
-            )),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let out = put_record(&store, &key, Expected::Absent, 3, budget)
+            .await
+            .unwrap();
         assert!(
             matches!(out, WriteOutcome::Conflict { .. }),
             "{emu:?}: {out:?}"
