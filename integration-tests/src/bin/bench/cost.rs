@@ -13,6 +13,8 @@ use integration_tests::proxy::Exchange;
 pub(crate) enum Cloud {
     /// DynamoDB, on-demand capacity.
     Aws,
+    /// Amazon S3, S3 Standard, US East (N. Virginia).
+    AwsS3,
     /// Azure Blob Storage, hot tier, LRS, standard general-purpose v2 account.
     Azure,
     /// Cloud Storage, Standard storage class, one region.
@@ -26,6 +28,10 @@ pub(crate) enum Class {
     DynamoRead,
     /// DynamoDB write request units.
     DynamoWrite,
+    /// S3 PUT, COPY, POST and LIST requests.
+    S3Put,
+    /// S3 GET and all other requests (HEAD, ...).
+    S3Get,
     /// Cloud Storage Class A operations.
     GcsA,
     /// Cloud Storage Class B operations.
@@ -60,6 +66,8 @@ impl Charge {
         match self.class {
             Class::DynamoRead => format!("read, {}", units("RRU")),
             Class::DynamoWrite => format!("write, {}", units("WRU")),
+            Class::S3Put => "PUT, COPY, POST, LIST".to_owned(),
+            Class::S3Get => "GET and all other".to_owned(),
             Class::GcsA => "class A".to_owned(),
             Class::GcsB => "class B".to_owned(),
             Class::AzureWrite => "write".to_owned(),
@@ -95,7 +103,7 @@ pub(crate) struct Price {
 pub(crate) const PRICES_READ_ON: &str = "2026-12-01";
 
 /// Where the prices were read.
-pub(crate) const SOURCES: [&str; 3] = [AWS_SOURCE, GCP_SOURCE, AZURE_SOURCE];
+pub(crate) const SOURCES: [&str; 4] = [AWS_SOURCE, GCP_SOURCE, AZURE_SOURCE, S3_SOURCE];
 
 const AWS_SOURCE: &str = "aws.amazon.com/dynamodb/pricing/on-demand, US East (N. Virginia), \
     after the on-demand price cut of 2024-11-01, as quoted by \
@@ -119,8 +127,15 @@ const AZURE_SOURCE: &str = "azure.microsoft.com/pricing/details/storage/blobs (H
     Properties, Get/Set Blob Metadata and every Lease Blob action other, Delete Blob free; \
     requests that fail after authentication are billed too";
 
+const S3_SOURCE: &str = "aws.amazon.com/s3/pricing (Requests & data retrievals, S3 \
+    Standard, US East (N. Virginia), as given for this benchmark on 2026-12-02, not re-read \
+    here): PUT, COPY, POST, LIST $0.005 per 1,000, GET, SELECT and all other requests $0.0004 \
+    per 1,000, DELETE and CANCEL free. A PUT refused 412 by its condition is billed as a PUT, \
+    and a conditional GET answered 304 as a GET; the lease records are far below any size \
+    that matters (no data transfer out of the region is counted)";
+
 /// The prices the estimates use.
-pub(crate) const PRICES: [Price; 8] = [
+pub(crate) const PRICES: [Price; 10] = [
     Price {
         cloud: "AWS DynamoDB (on-demand)",
         class: Class::DynamoRead,
@@ -136,6 +151,22 @@ pub(crate) const PRICES: [Price; 8] = [
         usd: 0.625,
         per: 1_000_000.0,
         source: 0,
+    },
+    Price {
+        cloud: "Amazon S3 (Standard)",
+        class: Class::S3Put,
+        name: "PUT, COPY, POST, LIST requests",
+        usd: 0.005,
+        per: 1_000.0,
+        source: 3,
+    },
+    Price {
+        cloud: "Amazon S3 (Standard)",
+        class: Class::S3Get,
+        name: "GET and all other requests (except DELETE, free)",
+        usd: 0.0004,
+        per: 1_000.0,
+        source: 3,
     },
     Price {
         cloud: "Google Cloud Storage (Standard)",
@@ -191,6 +222,7 @@ pub(crate) const PRICES: [Price; 8] = [
 pub(crate) fn charge(cloud: Cloud, e: &Exchange) -> Charge {
     match cloud {
         Cloud::Aws => dynamo(e),
+        Cloud::AwsS3 => s3(e),
         Cloud::Gcp => gcs(e),
         Cloud::Azure => azure(e),
     }
@@ -220,6 +252,20 @@ fn dynamo(e: &Exchange) -> Charge {
 /// `METHOD /path` of a request kind.
 fn method_path(kind: &str) -> (&str, &str) {
     kind.split_once(' ').unwrap_or((kind, ""))
+}
+
+/// S3's request classes, path-style (`/BUCKET/KEY`): by method, whatever the answer (a PUT
+/// refused 412 is a PUT, a GET answered 304 a GET); a GET of the bucket itself is a LIST.
+fn s3(e: &Exchange) -> Charge {
+    let (method, path) = method_path(&e.kind);
+    let bucket_only = path.trim_matches('/').split('/').count() == 1;
+    let class = match method {
+        "DELETE" => Class::Free,
+        "PUT" | "POST" => Class::S3Put,
+        "GET" if bucket_only => Class::S3Put,
+        _ => Class::S3Get,
+    };
+    Charge::of(class, if class == Class::Free { 0.0 } else { 1.0 })
 }
 
 fn gcs(e: &Exchange) -> Charge {
@@ -307,6 +353,32 @@ mod tests {
         // 1,000,000 eventually consistent reads are 500,000 RRU: $0.0625.
         let usd = Charge::of(Class::DynamoRead, 0.5).usd(1_000_000.0);
         assert!((usd - 0.0625).abs() < 1e-12, "{usd}");
+    }
+
+    #[test]
+    fn s3_requests_by_class() {
+        let class = |kind: &str, status: u16| {
+            let mut e = exchange(kind);
+            e.status = Some(status);
+            charge(Cloud::AwsS3, &e).class
+        };
+        assert_eq!(class("PUT /bk/key", 200), Class::S3Put);
+        // A conditional PUT refused by its condition is billed as a PUT.
+        assert_eq!(class("PUT /bk/key", 412), Class::S3Put);
+        assert_eq!(class("GET /bk/key", 200), Class::S3Get);
+        // A conditional GET answered "not modified" is billed as a GET.
+        assert_eq!(class("GET /bk/key", 304), Class::S3Get);
+        assert_eq!(class("GET /bk/folder/.key.token", 404), Class::S3Get);
+        assert_eq!(class("HEAD /bk/key", 200), Class::S3Get);
+        assert_eq!(class("HEAD /bk", 200), Class::S3Get);
+        assert_eq!(class("GET /bk", 200), Class::S3Put);
+        assert_eq!(class("POST /bk/key", 200), Class::S3Put);
+        assert_eq!(class("DELETE /bk/key", 204), Class::Free);
+        // 1,000 PUTs and 1,000 GETs: $0.005 and $0.0004.
+        let put = Charge::of(Class::S3Put, 1.0).usd(1_000.0);
+        let get = Charge::of(Class::S3Get, 1.0).usd(1_000.0);
+        assert!((put - 0.005).abs() < 1e-12, "{put}");
+        assert!((get - 0.0004).abs() < 1e-12, "{get}");
     }
 
     #[test]

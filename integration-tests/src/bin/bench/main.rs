@@ -1,6 +1,6 @@
 //! The benchmark of latency and store cost, next to a peer crate:
-//! `bench [backends=file,azure,dynamo,dynamo-peer,gcs] [ttl=15] [rounds=10] [window=60]
-//! [stop_rounds=3] [out=FILE] [dir=DIR]`. Usually run by
+//! `bench [backends=file,azure,dynamo,dynamo-peer,gcs,s3,s3-localstack,etcd,zookeeper] [ttl=15]
+//! [rounds=10] [window=60] [stop_rounds=3] [out=FILE] [dir=DIR]`. Usually run by
 //! `scripts/bench`, which builds it with `--release`, starts the emulators and writes
 //! `results/bench.md`.
 //!
@@ -81,12 +81,14 @@ enum Backend {
 
 impl Backend {
     /// The default run, in the order of the tables: the peer right after our DynamoDB.
-    const ALL: [Backend; 7] = [
+    const ALL: [Backend; 9] = [
         Backend::Ours(BackendKind::File),
         Backend::Ours(BackendKind::Azure),
         Backend::Ours(BackendKind::Dynamo),
         Backend::Peer,
         Backend::Ours(BackendKind::Gcs),
+        Backend::Ours(BackendKind::S3),
+        Backend::Ours(BackendKind::S3LocalStack),
         Backend::Ours(BackendKind::Etcd),
         Backend::Ours(BackendKind::ZooKeeper),
     ];
@@ -119,6 +121,7 @@ impl Backend {
             | BackendKind::ZooKeeper => None,
             BackendKind::Azure => Some(Cloud::Azure),
             BackendKind::Dynamo => Some(Cloud::Aws),
+            BackendKind::S3 | BackendKind::S3LocalStack => Some(Cloud::AwsS3),
             BackendKind::Gcs => Some(Cloud::Gcp),
         }
     }
@@ -899,7 +902,8 @@ fn render(settings: &Settings, reports: &[BackendReport]) -> String {
          emulator, with its defaults for a ttl of {peer_ttl} s (whole seconds): extend every \
          {:.1} s, an acquire attempt every 1 s while the lease is held elsewhere; it releases \
          on SIGTERM (src/bin/peer_candidate.rs).\n\n\
-         Measured on this machine against the emulators (Azurite, moto, fake-gcs-server) and \
+         Measured on this machine against the emulators (Azurite, moto for DynamoDB and for \
+         `s3`, fake-gcs-server, LocalStack's S3 for `s3-localstack`) and \
          single-member etcd and ZooKeeper servers, on loopback, and the local file store, \
          {build}, all backends at once: today's numbers to compare later work against, not \
          what a cloud region gives.\n",
@@ -1036,8 +1040,8 @@ fn render_costs(s: &mut String, reports: &[BackendReport]) {
          The requests above at the prices below: a holder-hour and a follower-hour (one \
          waiting follower; every further follower costs as much again). The last column is \
          the follower's cost relative to the peer's follower on DynamoDB; the target \
-         for `dynamo` is at most {TARGET_RATIO} (a fifth). For `azure` and `gcs` it compares \
-         across clouds, for scale only.\n\n\
+         for `dynamo` is at most {TARGET_RATIO} (a fifth). For the others (`s3` too: another \
+         service's prices) it compares across services, for scale only.\n\n\
          | backend | holder-hour | follower-hour | follower vs the peer's follower |\n\
          |---|---|---|---|\n"
     );
@@ -1267,7 +1271,7 @@ mod tests {
             "ttl=x",
             "rounds=0",
             "rounds=-1",
-            "backends=s3",
+            "backends=s4",
             "nope=1",
             "ttl",
             "stop_rounds=-1",
@@ -1289,9 +1293,15 @@ mod tests {
                 "dynamo",
                 "dynamo-peer",
                 "gcs",
+                "s3",
+                "s3-localstack",
                 "etcd",
                 "zookeeper"
             ]
+        );
+        assert_eq!(
+            Backend::Ours(BackendKind::S3LocalStack).cloud(),
+            Some(Cloud::AwsS3)
         );
         assert_eq!(s.stop_rounds, 3);
         assert_eq!(args(&["stop_rounds=0"]).unwrap().stop_rounds, 0);
