@@ -95,7 +95,7 @@ async fn put_status(url: &str, bucket: &str, key: &str, if_match: Option<&str>, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fidelity_canary_of_each_emulator() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         assert_eq!(
             put_status(&url, &bucket, "k", None, true).await,
@@ -178,7 +178,7 @@ async fn fidelity_canary_of_each_emulator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_never_writes_the_same_bytes_twice() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let store = store_at(&url, &bucket).await;
         let key = LeaseKey::new("same").unwrap();
@@ -210,7 +210,7 @@ async fn the_store_never_writes_the_same_bytes_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_409_is_retried_and_a_persistent_one_writes_nothing() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let p = proxy(&url).await;
         let store = store_at(&p.url(), &bucket).await;
@@ -249,7 +249,7 @@ async fn a_409_is_retried_and_a_persistent_one_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_indeterminate_and_the_core_recognises_its_write() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let p = proxy(&url).await;
         let store = store_at(&p.url(), &bucket).await;
@@ -297,7 +297,7 @@ async fn a_lost_answer_is_indeterminate_and_the_core_recognises_its_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_across_deletions_and_the_mark_keeps_the_highest() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let p = proxy(&url).await;
         let backend: Arc<dyn LeaseBackend> = Arc::new(store_at(&p.url(), &bucket).await);
@@ -347,7 +347,7 @@ async fn tokens_rise_across_deletions_and_the_mark_keeps_the_highest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_mark_is_reported_and_kept() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         raw_put(&url, &bucket, ".m.token", b"not a number").await;
         let backend: Arc<dyn LeaseBackend> = Arc::new(store_at(&url, &bucket).await);
@@ -371,7 +371,7 @@ async fn a_malformed_mark_is_reported_and_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_and_credential_failures_are_classified_at_build() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         // A real missing bucket, from the emulator itself.
         let err = S3Builder::new()
             .with_emulator(&url)
@@ -443,7 +443,7 @@ async fn versioned_and_object_lock_buckets_elect() {
         ObjectLockRetentionMode, ObjectLockRule, VersioningConfiguration,
     };
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let raw = raw_client(&url);
         let versioned = new_bucket(&url).await;
         raw.put_bucket_versioning()
@@ -509,7 +509,7 @@ async fn versioned_and_object_lock_buckets_elect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_create_after_a_deletion_still_gets_a_higher_token() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let p = proxy(&url).await;
         let late = store_at(&p.url(), &bucket).await;
@@ -560,7 +560,7 @@ async fn a_late_create_after_a_deletion_still_gets_a_higher_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_after_throttling_is_an_unknown_outcome() {
     for emu in Emu::BOTH {
-        let Some(url) = emu.url() else { continue };
+        let Some(url) = emu.url().await else { continue };
         let bucket = new_bucket(&url).await;
         let p = proxy(&url).await;
         let store = store_at(&p.url(), &bucket).await;

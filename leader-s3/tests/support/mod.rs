@@ -4,7 +4,6 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::print_stderr,
     dead_code,
     unreachable_pub
 )]
@@ -14,9 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use integration_tests::proxy::FaultProxy;
+use integration_tests::{Emulator, require};
 use leader_core::conformance::{ConformantStore, Harness, unique_key};
 use leader_core::{Error, LeaseKey, Timing};
 use leader_s3::{S3Builder, S3Store};
@@ -34,36 +33,15 @@ pub enum Emu {
 impl Emu {
     pub const BOTH: [Emu; 2] = [Emu::Moto, Emu::LocalStack];
 
-    fn vars(self) -> &'static [&'static str] {
-        match self {
-            Emu::Moto => &["LEADER_MOTO_S3_ENDPOINT", "AWS_ENDPOINT_URL"],
-            Emu::LocalStack => &["LEADER_LOCALSTACK_ENDPOINT"],
-        }
-    }
-
     /// The emulator's endpoint URL; fails the test with instructions if it is not running
-    /// (unless `LEADER_ALLOW_SKIP=1`, then `None`).
-    pub fn url(self) -> Option<String> {
-        for var in self.vars() {
-            if let Ok(url) = std::env::var(var) {
-                let url = url.trim().trim_end_matches('/').to_owned();
-                if !url.is_empty() {
-                    return Some(url);
-                }
-            }
-        }
-        if std::env::var("LEADER_ALLOW_SKIP").is_ok_and(|v| v == "1") {
-            eprintln!(
-                "SKIPPED: {self:?} is not running ({} unset)",
-                self.vars()[0]
-            );
-            return None;
-        }
-        panic!(
-            "{self:?} is not running: {} is not set. Run the tests under `scripts/emulators run \
-             -- cargo test -p leader-s3`, or set LEADER_ALLOW_SKIP=1 to skip them",
-            self.vars()[0]
-        );
+    /// (unless `LEADER_ALLOW_SKIP=1`, then `None`): see `integration_tests::require`.
+    pub async fn url(self) -> Option<String> {
+        let emulator = match self {
+            Emu::Moto => Emulator::MotoS3,
+            Emu::LocalStack => Emulator::LocalStackS3,
+        };
+        let endpoint = require(emulator).await?;
+        Some(endpoint.url.trim_end_matches('/').to_owned())
     }
 }
 
@@ -80,26 +58,15 @@ pub fn timing() -> Timing {
 
 /// A plain SDK client of the emulator at `url`, for what an operator does by hand.
 pub fn raw_client(url: &str) -> Client {
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(url)
-        .region(Region::new("us-east-1"))
-        .force_path_style(true)
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-        .http_client(aws_smithy_http_client::Builder::new().build_http())
-        .build();
-    Client::from_conf(config)
+    integration_tests::s3::client(url)
 }
 
 /// Creates a bucket with a fresh name and returns it.
 pub async fn new_bucket(url: &str) -> String {
     let bucket = integration_tests::unique_name("leases");
-    raw_client(url)
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
+    integration_tests::s3::create_bucket(url, &bucket)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("at {url}: {e}"));
     bucket
 }
 
@@ -177,7 +144,7 @@ impl S3Harness {
     async fn place(&self) -> &(String, String) {
         self.bucket
             .get_or_init(|| async {
-                let url = self.emu.url().expect("the emulator is required");
+                let url = self.emu.url().await.expect("the emulator is required");
                 let bucket = new_bucket(&url).await;
                 (url, bucket)
             })
