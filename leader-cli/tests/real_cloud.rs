@@ -75,6 +75,47 @@ async fn dynamodb_over_https_with_keys_in_the_environment() {
     );
 }
 
+/// A fresh bucket on an S3 emulator (created over its plain-HTTP port: the same state as its
+/// HTTPS one); `leader` never creates buckets.
+async fn s3_bucket(emulator: Emulator) -> Option<String> {
+    let ep = require(emulator).await?;
+    let bucket = unique_name("https");
+    integration_tests::s3::create_bucket(&ep.url, &bucket)
+        .await
+        .unwrap();
+    Some(bucket)
+}
+
+/// S3 over HTTPS on both emulators (moto's TLS port, LocalStack serving the test CA's
+/// certificate), through the AWS chain's environment keys and a path-style `--endpoint`.
+#[tokio::test]
+async fn s3_over_https_with_keys_in_the_environment() {
+    let Some(tls) = require_tls() else { return };
+    let localstack = std::env::var("LEADER_LOCALSTACK_HTTPS_ENDPOINT")
+        .expect("LEADER_LOCALSTACK_HTTPS_ENDPOINT (set by scripts/emulators)");
+    let home = tempfile::tempdir().unwrap();
+    for (emulator, endpoint) in [
+        (Emulator::MotoS3, tls.moto.clone()),
+        (Emulator::LocalStackS3, localstack),
+    ] {
+        let Some(bucket) = s3_bucket(emulator).await else {
+            return;
+        };
+        assert!(endpoint.starts_with("https://"), "{endpoint}");
+        common::run_twice_with(
+            &format!("s3://{bucket}/team/job"),
+            &["--endpoint", &endpoint],
+            |c| {
+                clean_env(c, home.path(), &tls);
+                c.env("AWS_ACCESS_KEY_ID", "AKIAENVIRONMENT00001")
+                    .env("AWS_SECRET_ACCESS_KEY", "env-secret")
+                    .env("AWS_REGION", "us-east-1")
+                    .env("AWS_EC2_METADATA_DISABLED", "true");
+            },
+        );
+    }
+}
+
 #[tokio::test]
 async fn azure_over_https_with_the_account_key() {
     let Some(tls) = require_tls() else { return };
@@ -244,6 +285,71 @@ async fn aws_web_identity_through_sts() {
                 .env("AWS_REGION", "us-east-1")
                 .env("AWS_EC2_METADATA_DISABLED", "true");
         },
+    );
+}
+
+/// The same two AWS paths for `s3://`: a shared profile, and web identity exchanged at STS.
+#[tokio::test]
+async fn s3_profile_and_web_identity() {
+    let Some(tls) = require_tls() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let credentials = write(
+        home.path(),
+        "credentials",
+        "[s3-test]\naws_access_key_id = AKIAPROFILE000000002\naws_secret_access_key = profile-secret\n",
+    );
+    let config = write(
+        home.path(),
+        "config",
+        "[profile s3-test]\nregion = us-east-1\n",
+    );
+    let token = write(
+        home.path(),
+        "token",
+        "eyJhbGciOiJSUzI1NiJ9.e30.fake-web-identity",
+    );
+    let Some(bucket) = s3_bucket(Emulator::MotoS3).await else {
+        return;
+    };
+    let store = format!("s3://{bucket}/job");
+    common::run_twice_with(&store, &["--endpoint", &tls.moto], |c| {
+        clean_env(c, home.path(), &tls);
+        c.env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_PROFILE", "s3-test")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+    });
+    common::run_twice_with(&store, &["--endpoint", &tls.moto], |c| {
+        clean_env(c, home.path(), &tls);
+        c.env("AWS_WEB_IDENTITY_TOKEN_FILE", &token)
+            .env("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/leader-test")
+            .env("AWS_ROLE_SESSION_NAME", "leader-test")
+            .env("AWS_ENDPOINT_URL_STS", &tls.moto)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+    });
+    // The control: a profile without keys finds no credentials, and says so.
+    let mut command = Command::new(common::LEADER);
+    command.args(["status", "--store", &store, "--endpoint", &tls.moto]);
+    clean_env(&mut command, home.path(), &tls);
+    command
+        .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+        .env("AWS_CONFIG_FILE", &config)
+        .env("AWS_PROFILE", "nobody")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    // Without a region S3 cannot be addressed: a configuration error (exit 78) that says so.
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("AWS_REGION"), "{err}");
+    // With one, the missing keys are what it says.
+    command.env("AWS_REGION", "us-east-1");
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("nobody") || err.contains("credentials"),
+        "{err}"
     );
 }
 

@@ -201,6 +201,14 @@ impl S3Builder {
                     .to_owned(),
             ));
         };
+        if client.config().region().is_none() {
+            // The SDK would fail every request with a connector error that reads as an outage.
+            return Err(invalid(
+                "no AWS region is configured for S3; set AWS_REGION (or the profile's region), \
+                 or give the client one"
+                    .to_owned(),
+            ));
+        }
         if self.endpoint.is_some() || self.path_style.is_some() {
             let mut config = client.config().to_builder();
             if let Some(endpoint) = &self.endpoint {
@@ -325,5 +333,16 @@ mod tests {
             "with_endpoint keeps the client's settings"
         );
         assert!(check(&emu().with_bucket("my.leases-1")).is_ok());
+        let no_region = Client::from_conf(
+            aws_sdk_s3::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .build(),
+        );
+        assert!(
+            err(S3Builder::new()
+                .with_client(no_region)
+                .with_bucket("leases"))
+            .contains("AWS_REGION")
+        );
     }
 }
