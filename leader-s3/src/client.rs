@@ -20,7 +20,7 @@ use leader_core::backend::{
 use leader_core::{
     Error, ErrorKind, FencedObject, FencingToken, LeaseBackend, LeaseKey, ObjectName,
 };
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::error::{Answer, Context, Failure, Op, map_sdk};
 
@@ -79,6 +79,18 @@ enum Cond<'a> {
     Absent,
     /// `If-Match: <ETag>`: only if the object is at this ETag.
     Matches(&'a str),
+}
+
+/// What a `PutObject` writes; its bytes are made for each attempt, so that a retry carries a
+/// new write id and never brings back the ETag of an earlier attempt.
+#[derive(Clone, Copy, Debug)]
+enum Body<'a> {
+    /// A lease record.
+    Record(&'a LeaseRecord),
+    /// A protected object: its fence token and value.
+    Fenced(FencingToken, &'a [u8]),
+    /// A token mark (a number: it only rises, so its bytes never repeat).
+    Mark(FencingToken),
 }
 
 /// The answer to a conditional `PutObject`.
@@ -237,14 +249,20 @@ impl S3Store {
     /// that the client should slow down. It is retried all the same, but once a write was
     /// throttled, a later failed condition (perhaps our own earlier attempt) or the end of the
     /// call's time is [`Error::Indeterminate`], not a conflict or throttling.
-    async fn put(&self, object: &str, body: Vec<u8>, cond: Cond<'_>, op: Op) -> Result<Put, Error> {
+    async fn put(
+        &self,
+        object: &str,
+        body: Body<'_>,
+        cond: Cond<'_>,
+        op: Op,
+    ) -> Result<Put, Error> {
         let throttled = AtomicBool::new(false);
         let throttled = &throttled;
         let result = self
             .call(op)
             .run(|left| {
-                let body = body.clone();
                 async move {
+                    let body = self.bytes(body)?;
                     let request = self
                         .client
                         .put_object()
@@ -297,13 +315,15 @@ impl S3Store {
             })
             .await;
         match result {
-            Err(e) if e.kind() == ErrorKind::Throttled => Err(Error::Indeterminate {
-                message: format!(
-                    "the write of S3 object {object} was throttled until its call's time ran \
-                     out; a throttled attempt may have been applied"
-                ),
-                source: Some(Box::new(e)),
-            }),
+            Err(e) if e.kind() != ErrorKind::Indeterminate && throttled.load(Ordering::Relaxed) => {
+                Err(Error::Indeterminate {
+                    message: format!(
+                        "the write of S3 object {object} was throttled, then failed: a \
+                         throttled attempt may have been applied"
+                    ),
+                    source: Some(Box::new(e)),
+                })
+            }
             other => other,
         }
     }
@@ -322,6 +342,15 @@ impl S3Store {
             serde_json::from_slice(&record.to_json()).map_err(|e| broken(e.to_string()))?;
         doc.insert("s3_write".to_owned(), self.writes.next().into());
         serde_json::to_vec(&doc).map_err(|e| broken(e.to_string()))
+    }
+
+    /// The bytes of `body`, with a new write id.
+    fn bytes(&self, body: Body<'_>) -> Result<Vec<u8>, Error> {
+        match body {
+            Body::Record(record) => self.record_body(record),
+            Body::Fenced(token, value) => Ok(self.fenced_body(token, value)),
+            Body::Mark(token) => Ok(token.0.to_string().into_bytes()),
+        }
     }
 
     /// The body of a protected object: a write-id line, then the fence line and the value.
@@ -389,7 +418,7 @@ impl S3Store {
             let cond = cond.as_deref().map_or(Cond::Absent, Cond::Matches);
             // The mark only rises, so its bytes (the number) never repeat.
             match self
-                .put(&name, token.0.to_string().into_bytes(), cond, Op::MarkWrite)
+                .put(&name, Body::Mark(token), cond, Op::MarkWrite)
                 .await
             {
                 Ok(Put::Written(_)) => {
@@ -414,16 +443,10 @@ impl S3Store {
                         return Ok(None);
                     }
                 }
-                // The lease was not written, whatever became of the mark: a raised mark only
-                // makes tokens skip a value.
+                // Whatever became of the mark, it only rose (tokens skip a value at worst), and
+                // the lease was not written: read the mark again while time is left.
                 Err(e) if e.kind() == ErrorKind::Indeterminate => {
-                    return Err(Error::Unavailable {
-                        message: format!(
-                            "raising the token mark of {key} had no clear answer; the lease \
-                             was not written"
-                        ),
-                        source: Some(Box::new(e)),
-                    });
+                    debug!(%key, error = %e, "the token mark write had no clear answer; reading it again");
                 }
                 Err(e) => return Err(e),
             }
@@ -511,7 +534,7 @@ impl LeaseBackend for S3Store {
                 let mut placeholder = record.clone();
                 placeholder.state = LeaseState::Released;
                 placeholder.nonce = WriteNonce(record.nonce.0 ^ PLACEHOLDER_NONCE_MASK);
-                let body = self.record_body(&placeholder)?;
+                let body = Body::Record(&placeholder);
                 match self.put(&object, body, Cond::Absent, Op::Write).await {
                     Ok(Put::Written(etag)) => expected = Expected::Revision(Revision::new(etag)),
                     Ok(Put::Failed) => return Ok(WriteOutcome::Conflict { current: None }),
@@ -519,7 +542,10 @@ impl LeaseBackend for S3Store {
                     // it if it is there, else the acquire failed without writing a term.
                     Err(e) if e.kind() == ErrorKind::Indeterminate => {
                         match self.read(&request.key).await? {
-                            Some(found) if found.record.nonce == placeholder.nonce => {
+                            Some(found)
+                                if found.record.nonce == placeholder.nonce
+                                    && found.record.holder == placeholder.holder =>
+                            {
                                 expected = Expected::Revision(found.revision);
                             }
                             Some(_) => return Ok(WriteOutcome::Conflict { current: None }),
@@ -550,14 +576,18 @@ impl LeaseBackend for S3Store {
             Expected::Absent => Cond::Absent,
             Expected::Revision(r) => Cond::Matches(r.as_str()),
         };
-        let body = self.record_body(&record)?;
-        Ok(match self.put(&object, body, cond, Op::Write).await? {
-            Put::Written(etag) => WriteOutcome::Written(Stored {
-                record,
-                revision: Revision::new(etag),
-            }),
-            Put::Failed => WriteOutcome::Conflict { current: None },
-        })
+        Ok(
+            match self
+                .put(&object, Body::Record(&record), cond, Op::Write)
+                .await?
+            {
+                Put::Written(etag) => WriteOutcome::Written(Stored {
+                    record,
+                    revision: Revision::new(etag),
+                }),
+                Put::Failed => WriteOutcome::Conflict { current: None },
+            },
+        )
     }
 }
 
@@ -584,7 +614,7 @@ impl FencedCas for S3Store {
             Expected::Absent => Cond::Absent,
             Expected::Revision(r) => Cond::Matches(r.as_str()),
         };
-        let body = self.fenced_body(put.fence.token, put.value);
+        let body = Body::Fenced(put.fence.token, put.value);
         Ok(
             match self
                 .put(&self.fenced_object(put.object), body, cond, Op::ObjectWrite)

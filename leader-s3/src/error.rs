@@ -202,7 +202,9 @@ pub(crate) struct Context {
     pub(crate) bucket: String,
 }
 
-/// S3's codes for "too many requests"; nothing of such a request was applied.
+/// S3's codes for "too many requests". S3 does not promise that such a write was not applied:
+/// it is retried, and a write that was throttled ends indeterminate if it then fails (see
+/// `S3Store::put`).
 const THROTTLING: [&str; 4] = [
     "SlowDown",
     "Throttling",

@@ -101,6 +101,9 @@
 //!   the object's fence is above the old token and every write of the old term is refused, and
 //!   a write of the old term that raced it is refused by the ETag condition. An object that is
 //!   deleted loses its fence: the next write creates it again with any token (as on GCS).
+//! - **Never restore an older version of a lease or mark object** (from a versioned bucket or a
+//!   backup): an old version brings back an old ETag, which a write held in flight may still
+//!   expect. Delete the object instead; the next acquire starts over above the mark.
 //! - **Buckets.** Unversioned buckets are best. A versioned bucket works (conditions apply to
 //!   the current version), but keeps every renew as a version: add a lifecycle rule that
 //!   expires noncurrent versions under the prefix. A bucket with Object Lock works too (the SDK
