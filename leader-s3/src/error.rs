@@ -328,37 +328,8 @@ fn service_error(
             what: format!("S3 bucket {bucket:?}"),
             source,
         }
-    } else if matches!(
-        code,
-        "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException"
-    ) || status == 301
-    {
-        let region =
-            region.map_or_else(|| "another region".to_owned(), |r| format!("region {r:?}"));
-        Error::InvalidConfig {
-            message: format!(
-                "S3 bucket {bucket:?} is in {region}, not the client's; set AWS_REGION (or the \
-                 profile's region) to the bucket's ({said})"
-            ),
-            source,
-        }
-    } else if code == "NotImplemented" || status == 501 {
-        Error::InvalidConfig {
-            message: format!(
-                "the S3 endpoint does not implement a request leader-s3 needs (conditional \
-                 writes: If-Match / If-None-Match: * on PutObject); use Amazon S3 or a \
-                 compatible store that supports them ({said})"
-            ),
-            source,
-        }
-    } else if code == "RequestTimeTooSkewed" {
-        Error::InvalidConfig {
-            message: format!(
-                "S3 refused the request because this machine's clock is more than 15 minutes \
-                 off (request signatures carry the time); synchronise the clock (NTP) ({said})"
-            ),
-            source,
-        }
+    } else if let Some(message) = misconfigured(bucket, code, status, region, &said) {
+        Error::InvalidConfig { message, source }
     } else if BAD_CREDENTIALS.contains(&code) {
         Error::Unauthenticated {
             message: format!("{}: the AWS credentials were refused ({said})", op.name()),
@@ -391,6 +362,42 @@ fn service_error(
             message: format!("{} in bucket {bucket:?} failed: {said}", op.name()),
             source,
         }
+    }
+}
+
+/// What to tell the user when an answer means the configuration is wrong (the bucket's
+/// region, an endpoint without conditional writes, this machine's clock); `None` otherwise.
+fn misconfigured(
+    bucket: &str,
+    code: &str,
+    status: u16,
+    region: Option<String>,
+    said: &str,
+) -> Option<String> {
+    if matches!(
+        code,
+        "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException"
+    ) || status == 301
+    {
+        let region =
+            region.map_or_else(|| "another region".to_owned(), |r| format!("region {r:?}"));
+        Some(format!(
+            "S3 bucket {bucket:?} is in {region}, not the client's; set AWS_REGION (or the \
+             profile's region) to the bucket's ({said})"
+        ))
+    } else if code == "NotImplemented" || status == 501 {
+        Some(format!(
+            "the S3 endpoint does not implement a request leader-s3 needs (conditional \
+             writes: If-Match / If-None-Match: * on PutObject); use Amazon S3 or a compatible \
+             store that supports them ({said})"
+        ))
+    } else if code == "RequestTimeTooSkewed" {
+        Some(format!(
+            "S3 refused the request because this machine's clock is more than 15 minutes off \
+             (request signatures carry the time); synchronise the clock (NTP) ({said})"
+        ))
+    } else {
+        None
     }
 }
 

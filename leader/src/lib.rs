@@ -306,6 +306,16 @@ impl StoreUrl {
             return Err(bad(&format!("expected {scheme}://PLACE/[FOLDER/]KEY")));
         }
         let key = key_of(key)?;
+        Self::of_object_store(scheme, place, folder, key).map_err(|why| bad(&why))
+    }
+
+    /// The URL of an object or blob store (or DynamoDB) from its parts; `Err` says why not.
+    fn of_object_store(
+        scheme: &str,
+        place: String,
+        folder: String,
+        key: LeaseKey,
+    ) -> Result<Self, String> {
         match scheme {
             "azblob" => Ok(StoreUrl::Azure {
                 container: place,
@@ -313,7 +323,7 @@ impl StoreUrl {
                 key,
             }),
             "dynamodb" if !folder.is_empty() => {
-                Err(bad("a DynamoDB table has no folders: dynamodb://TABLE/KEY"))
+                Err("a DynamoDB table has no folders: dynamodb://TABLE/KEY".to_owned())
             }
             "dynamodb" => Ok(StoreUrl::Dynamo { table: place, key }),
             "s3" => Ok(StoreUrl::S3 {
@@ -326,10 +336,10 @@ impl StoreUrl {
                 folder,
                 key,
             }),
-            other => Err(bad(&format!(
+            other => Err(format!(
                 "unknown scheme {other:?}; use file://, azblob://, dynamodb://, s3://, gs://, \
                  etcd:// or zk://"
-            ))),
+            )),
         }
     }
 
