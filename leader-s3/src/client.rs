@@ -379,6 +379,43 @@ impl S3Store {
         })
     }
 
+    /// Creates a released placeholder for an acquire of `record` where `key` has none, and
+    /// returns its revision; `None` if another record got there first. A placeholder whose
+    /// answer was lost is recognised by holder and nonce: it is no term, so its unknown
+    /// outcome is settled here.
+    async fn create_placeholder(
+        &self,
+        key: &LeaseKey,
+        record: &LeaseRecord,
+    ) -> Result<Option<Revision>, Error> {
+        let mut placeholder = record.clone();
+        placeholder.state = LeaseState::Released;
+        placeholder.nonce = WriteNonce(record.nonce.0 ^ PLACEHOLDER_NONCE_MASK);
+        let object = self.lease_object(key);
+        let body = Body::Record(&placeholder);
+        match self.put(&object, body, Cond::Absent, Op::Write).await {
+            Ok(Put::Written(etag)) => Ok(Some(Revision::new(etag))),
+            Ok(Put::Failed) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::Indeterminate => match self.read(key).await? {
+                Some(found)
+                    if found.record.nonce == placeholder.nonce
+                        && found.record.holder == placeholder.holder =>
+                {
+                    Ok(Some(found.revision))
+                }
+                Some(_) => Ok(None),
+                None => Err(Error::Unavailable {
+                    message: format!(
+                        "creating the lease object of {key} had no clear answer and it is not \
+                         there; no term was written"
+                    ),
+                    source: Some(Box::new(e)),
+                }),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
     /// Raises the token high-water mark of `key` to at least `proposed` and returns the token
     /// to use: `proposed`, or one above the mark if that is higher; `None` if the lease is no
     /// longer as `expected` (another candidate won the race the mark was contended in).
@@ -391,7 +428,7 @@ impl S3Store {
         &self,
         key: &LeaseKey,
         proposed: FencingToken,
-        expected: &Expected,
+        expected: &Revision,
     ) -> Result<Option<FencingToken>, Error> {
         let name = self.mark_object(key);
         // The whole acquire's deadline, taken once: outside the core's `within`, each call
@@ -431,14 +468,7 @@ impl S3Store {
                 // would fail; else try the mark again.
                 Ok(Put::Failed) => {
                     let lease = self.get(&self.lease_object(key), None).await?;
-                    let current = match &lease {
-                        Got::Object(_, etag) => Some(etag.as_str()),
-                        Got::Absent | Got::Unchanged => None,
-                    };
-                    let still = match expected {
-                        Expected::Absent => current.is_none(),
-                        Expected::Revision(r) => current == Some(r.as_str()),
-                    };
+                    let still = matches!(&lease, Got::Object(_, etag) if etag == expected.as_str());
                     if !still {
                         return Ok(None);
                     }
@@ -527,50 +557,21 @@ impl LeaseBackend for S3Store {
         let mut record = request.record;
         let mut expected = request.expected;
         if request.kind == WriteKind::Acquire {
-            if expected == Expected::Absent {
-                // Absence can come back (an operator deletes the object), so an acquire never
-                // writes its term on it: it creates a released placeholder, whose ETag is
-                // new, and takes that (see the crate docs, "Fencing tokens").
-                let mut placeholder = record.clone();
-                placeholder.state = LeaseState::Released;
-                placeholder.nonce = WriteNonce(record.nonce.0 ^ PLACEHOLDER_NONCE_MASK);
-                let body = Body::Record(&placeholder);
-                match self.put(&object, body, Cond::Absent, Op::Write).await {
-                    Ok(Put::Written(etag)) => expected = Expected::Revision(Revision::new(etag)),
-                    Ok(Put::Failed) => return Ok(WriteOutcome::Conflict { current: None }),
-                    // The placeholder is no term, so its unknown outcome is settled here: take
-                    // it if it is there, else the acquire failed without writing a term.
-                    Err(e) if e.kind() == ErrorKind::Indeterminate => {
-                        match self.read(&request.key).await? {
-                            Some(found)
-                                if found.record.nonce == placeholder.nonce
-                                    && found.record.holder == placeholder.holder =>
-                            {
-                                expected = Expected::Revision(found.revision);
-                            }
-                            Some(_) => return Ok(WriteOutcome::Conflict { current: None }),
-                            None => {
-                                return Err(Error::Unavailable {
-                                    message: format!(
-                                        "creating the lease object of {} had no clear answer \
-                                         and it is not there; no term was written",
-                                        request.key
-                                    ),
-                                    source: Some(Box::new(e)),
-                                });
-                            }
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            match self
-                .raise_mark(&request.key, record.token, &expected)
-                .await?
-            {
+            // Absence can come back (an operator deletes the object), so an acquire never
+            // writes its term on it: it creates a released placeholder, whose ETag is new,
+            // and takes that (see the crate docs, "Fencing tokens").
+            let taken = match expected {
+                Expected::Revision(revision) => revision,
+                Expected::Absent => match self.create_placeholder(&request.key, &record).await? {
+                    Some(revision) => revision,
+                    None => return Ok(WriteOutcome::Conflict { current: None }),
+                },
+            };
+            match self.raise_mark(&request.key, record.token, &taken).await? {
                 Some(token) => record.token = token,
                 None => return Ok(WriteOutcome::Conflict { current: None }),
             }
+            expected = Expected::Revision(taken);
         }
         let cond = match &expected {
             Expected::Absent => Cond::Absent,
