@@ -544,12 +544,7 @@ async fn open_azure(
 #[cfg(feature = "dynamo")]
 async fn open_dynamo(table: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, Error> {
     let b = if options.emulator {
-        let endpoint = options
-            .endpoint
-            .clone()
-            .or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB"))
-            .or_else(|| env_var("AWS_ENDPOINT_URL"))
-            .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+        let endpoint = aws_emulator_endpoint(options, "AWS_ENDPOINT_URL_DYNAMODB")?;
         leader_dynamo::DynamoBuilder::new().with_emulator(endpoint)
     } else {
         let b = leader_dynamo::DynamoBuilder::from_env()?;
@@ -579,12 +574,7 @@ async fn open_s3(
         )));
     }
     let b = if options.emulator {
-        let endpoint = options
-            .endpoint
-            .clone()
-            .or_else(|| env_var("AWS_ENDPOINT_URL_S3"))
-            .or_else(|| env_var("AWS_ENDPOINT_URL"))
-            .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))?;
+        let endpoint = aws_emulator_endpoint(options, "AWS_ENDPOINT_URL_S3")?;
         leader_s3::S3Builder::new().with_emulator(endpoint)
     } else {
         let b = leader_s3::S3Builder::from_env()?;
@@ -632,6 +622,18 @@ async fn open_gcs(
             .with_application_default_credentials();
     }
     Ok(Arc::new(b.build().await?))
+}
+
+/// The address of an AWS emulator: the endpoint option, else the service's own variable
+/// (`service_var`, e.g. `AWS_ENDPOINT_URL_S3`), else `AWS_ENDPOINT_URL`.
+#[cfg(any(feature = "dynamo", feature = "s3"))]
+fn aws_emulator_endpoint(options: &OpenOptions, service_var: &str) -> Result<String, Error> {
+    options
+        .endpoint
+        .clone()
+        .or_else(|| env_var(service_var))
+        .or_else(|| env_var("AWS_ENDPOINT_URL"))
+        .ok_or_else(|| needs_endpoint("AWS_ENDPOINT_URL"))
 }
 
 /// A non-empty environment variable.
