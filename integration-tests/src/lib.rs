@@ -24,6 +24,7 @@ pub mod docs;
 pub mod dynamodb;
 pub mod etcd;
 pub mod gcs;
+pub mod metadata;
 pub mod proxy;
 pub mod s3;
 pub mod tcp_proxy;
