@@ -74,7 +74,10 @@ Signals:
     command and everything it started; SIGKILL after --grace (or at the deadline, if sooner);
     then the lease is released and leader exits 128+N. Another such signal a second or more
     later kills at once.
-  SIGUSR1, SIGUSR2: passed on to the command's process group; nothing else changes.
+  SIGUSR1, SIGUSR2: passed on to the command's process group; nothing else changes. With
+    --step-down-on USR1 (or USR2) that signal instead stops the command as a stop signal
+    does, releases the lease and keeps following: another instance takes over within a poll
+    (this one does not campaign for one ttl).
   SIGTERM etc. sent to the supervisor too (systemd's stop, pkill leader): handled the same.
   SIGKILL of leader (or its group): the supervisor stops the command (SIGTERM, SIGKILL after
     --grace or at the deadline); the lease expires after its ttl.
@@ -105,8 +108,9 @@ Sharded runs (--shards N):
   A command that exits by itself while its shard is still led is started again in the same
   term (same token) after a pause: 1s, doubled while it keeps exiting within 30s, at most
   30s; so is one whose supervisor was killed. Stop signals reach every shard's command;
-  then leader releases the shards and exits 128+N. --supervise is implied; --wait and --meta
-  do not apply (64); another N than the key's instances use is refused (78). Exit codes:
+  then leader releases the shards and exits 128+N; a notice hands every shard over the same
+  way. --supervise is implied; --wait, --meta, --protect-leader and --step-down-on do not
+  apply (64); another N than the key's instances use is refused (78). Exit codes:
   128+N, 69, 78 as below, never a command's own. The shards are not in `leader status` but
   in `leader status --shards`.
 
@@ -120,6 +124,23 @@ Quorum (--store given 3 or 5 times):
   number of stores, one given twice, or one store under two names is refused (64, 78). The
   stores must be durable and independent (no replication between them, no shared account or
   region), and never restored in place from a backup: docs/quorum.md.
+
+Autoscalers (--watch-notices, --protect-leader, --complete-lifecycle-hook):
+  --watch-notices aws|azure|gcp|auto reads this machine's metadata service from start-up:
+  EC2 Spot interruptions and Auto Scaling's target lifecycle state `Terminated` (every 5s),
+  Azure Scheduled Events Preempt, Terminate, Reboot and Redeploy for this VM (every 1s),
+  GCE preemption and terminating host maintenance (a waiting request). On a notice the
+  leader stops the command (the grace period) and releases at once; a follower takes over
+  within a poll. This instance then never campaigns again: it approves its own Azure event
+  (StartRequests, only when the event names it alone), completes the Auto Scaling hook named
+  by --complete-lifecycle-hook (CONTINUE), and waits for its stop signal (exit 128+N). A
+  metadata service that is absent, slow or wrong is logged and never affects leadership.
+  --protect-leader aws|azure|k8s sets this instance's scale-in protection while it leads
+  (Auto Scaling instance protection, VMSS protectFromScaleIn, the pod deletion cost), and
+  clears it when the term ends, at start-up, at exit and every --protect-every while
+  following, so a scale-in removes a follower. A protection call never delays a term; it is
+  retried in the background. Protection does not cover Spot interruptions, manual deletes or
+  health replacements. Not with --shards. Permissions per cloud: docs/autoscalers.md.
 
 Logging: LEADER_LOG sets the filter (tracing syntax, e.g. `warn`, `leader_core=debug`, or
   `debug` for everything, the SDKs included). The default is `info` for leader's own lines and
@@ -135,7 +156,8 @@ Exit codes:
   73   --wait ran out before becoming leader
   75   leadership lost while the command ran, or the term ended before it could start
        (without --supervise)
-  78   configuration error: timing rules, --grace, metadata, a record path that is a folder
+  78   configuration error: timing rules, --grace, metadata, a record path that is a folder,
+       --protect-leader on an instance that is not in a group, scale set or pod
   126  the command cannot be executed      127  the command was not found
   128+N  leader was stopped by signal N before or while running the command
   Errors that may pass (store unreachable, throttled, timeouts) are retried, not fatal.

@@ -6,6 +6,7 @@
 mod demo;
 mod endpoints;
 mod help;
+mod lifecycle;
 mod process_tree;
 mod quorum;
 mod run;
@@ -73,7 +74,7 @@ pub(crate) enum LogFormat {
 enum Command {
     /// Campaign for the lease; run CMD while leader; stop it when leadership ends.
     #[command(after_help = help::RUN)]
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print who holds the lease (with --shards: who leads which shards of a sharded key; with
     /// --watch: a line per change until interrupted).
     #[command(after_help = help::STATUS)]
@@ -171,7 +172,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match command {
-            Command::Run(args) => run::run(args, log_format).await,
+            Command::Run(args) => run::run(*args, log_format).await,
             Command::Status(args) => status::run(args).await,
             Command::Demo => demo::run().await,
             Command::Supervise(_) | Command::Exec(_) => Ok(0),

@@ -1,10 +1,11 @@
 //! The signals `leader run` handles: stop signals end the run (and are passed on to the
-//! command), the user signals are passed on; in a sharded run one task reads them and relays
-//! them to every shard's run.
+//! command), the user signals are passed on (or one of them asks to step down,
+//! `--step-down-on`), and a scale-in or preemption notice arrives here too (`--watch-notices`);
+//! in a sharded run one task reads them and relays them to every shard's run.
 
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::{Exit, exit};
 
@@ -15,6 +16,18 @@ pub(crate) enum Received {
     Stop(Signal),
     /// Pass on to the command.
     Forward(Signal),
+    /// Stop the command (the grace period, as for a stop signal) and hand the lease over.
+    StepDown(StepDown),
+}
+
+/// Why `leader run` steps down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepDown {
+    /// The operator's `--step-down-on` signal: hand over, then keep following.
+    Asked(Signal),
+    /// A scale-in or preemption notice for this instance: hand over, then never campaign
+    /// again in this process.
+    Notice,
 }
 
 pub(crate) struct Signals {
@@ -24,6 +37,10 @@ pub(crate) struct Signals {
     quit: UnixSignal,
     usr1: UnixSignal,
     usr2: UnixSignal,
+    /// The user signal that asks to step down (`--step-down-on`), if any.
+    step_down_on: Option<Signal>,
+    /// What arrives other than signals: the notice watcher's step-down.
+    other: Option<mpsc::UnboundedReceiver<Received>>,
 }
 
 impl Signals {
@@ -39,7 +56,30 @@ impl Signals {
             quit: make(Signal::SIGQUIT)?,
             usr1: make(Signal::SIGUSR1)?,
             usr2: make(Signal::SIGUSR2)?,
+            step_down_on: None,
+            other: None,
         })
+    }
+
+    /// `sig` (SIGUSR1 or SIGUSR2) asks to step down instead of being passed on.
+    pub(crate) fn step_down_on(mut self, sig: Option<Signal>) -> Self {
+        self.step_down_on = sig;
+        self
+    }
+
+    /// A sender through which other tasks (the notice watcher) deliver a [`Received`].
+    pub(crate) fn sender(&mut self) -> mpsc::UnboundedSender<Received> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.other = Some(rx);
+        tx
+    }
+
+    fn user(&self, sig: Signal) -> Received {
+        if self.step_down_on == Some(sig) {
+            Received::StepDown(StepDown::Asked(sig))
+        } else {
+            Received::Forward(sig)
+        }
     }
 
     /// The next signal.
@@ -50,9 +90,23 @@ impl Signals {
             _ = self.int.recv() => Received::Stop(Signal::SIGINT),
             _ = self.hup.recv() => Received::Stop(Signal::SIGHUP),
             _ = self.quit.recv() => Received::Stop(Signal::SIGQUIT),
-            _ = self.usr1.recv() => Received::Forward(Signal::SIGUSR1),
-            _ = self.usr2.recv() => Received::Forward(Signal::SIGUSR2),
+            _ = self.usr1.recv() => self.user(Signal::SIGUSR1),
+            _ = self.usr2.recv() => self.user(Signal::SIGUSR2),
+            Some(r) = recv_other(&mut self.other) => r,
         }
+    }
+}
+
+async fn recv_other(other: &mut Option<mpsc::UnboundedReceiver<Received>>) -> Option<Received> {
+    match other {
+        Some(rx) => match rx.recv().await {
+            Some(r) => Some(r),
+            None => {
+                *other = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 

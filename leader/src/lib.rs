@@ -85,6 +85,9 @@ pub use leader_etcd as etcd;
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "gcs")]
 pub use leader_gcs as gcs;
+/// Scale-in and preemption notices, and scale-in protection while leading.
+#[cfg(feature = "notices")]
+pub use leader_notice as notice;
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "s3")]
 pub use leader_s3 as s3;
@@ -660,7 +663,8 @@ fn needs_endpoint(variable: &str) -> Error {
     feature = "s3",
     feature = "gcs",
     feature = "etcd",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "notices"
 ))]
 mod readme_doctests {
     #[doc = include_str!("../../README.md")]
@@ -681,6 +685,8 @@ mod readme_doctests {
     struct Etcd;
     #[doc = include_str!("../../leader-zookeeper/README.md")]
     struct ZooKeeper;
+    #[doc = include_str!("../../leader-notice/README.md")]
+    struct Notice;
     #[doc = include_str!("../../docs/sharding.md")]
     struct Sharding;
     #[doc = include_str!("../../docs/quorum.md")]

@@ -80,6 +80,8 @@ pub(crate) struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
+    #[command(flatten)]
+    pub(crate) lifecycle: crate::lifecycle::LifecycleArgs,
 }
 
 /// What the supervisor needs beyond the grace period: for this process to pass a renewed
@@ -172,7 +174,7 @@ fn check_sharded_flags(args: &RunArgs) -> Result<(), Exit> {
             "a member's record carries its claimed shards, not metadata",
         );
     }
-    Ok(())
+    args.lifecycle.check_sharded()
 }
 
 /// What `leader run` works out from its flags before it opens the store.

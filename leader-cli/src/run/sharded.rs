@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{Plan, RunArgs, campaign_failed, config_error, first_read};
-use crate::signals::{Inbox, Received, Signals};
+use crate::lifecycle::{self, Lifecycle};
+use crate::signals::{Inbox, Received, Signals, StepDown};
 use crate::store::{self, StoreUrl};
 use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
 use crate::{Exit, endpoints, exit};
@@ -54,16 +55,24 @@ pub(super) async fn run(
     plan: Plan,
 ) -> Result<u8, Exit> {
     let (handle, ctx, mut signals) = join(args, url, shards, plan).await?;
+    let lifecycle = Lifecycle::start(&args.lifecycle, &mut signals).await?;
     let mut runs = ShardRuns::default();
     runs.until_stopped(&handle, &ctx, &mut signals).await;
     info!("every shard's command has stopped; leaving the sharded key");
     handle.shutdown().await;
     drop(runs.keep);
-    match (runs.failure, runs.stop) {
+    let code = match (runs.failure, runs.stop) {
         (Some(e), _) => Err(e),
         (None, Some(sig)) => Ok(128 + sig as u8),
+        (None, None) if runs.doomed => {
+            info!("handed over every shard after the notice");
+            lifecycle.after_handover().await;
+            Ok(128 + lifecycle::wait_for_stop(&mut signals).await as u8)
+        }
         (None, None) => Ok(exit::LOST),
-    }
+    };
+    lifecycle.finish().await;
+    code
 }
 
 /// Opens the store, joins the sharded key and serves the endpoints.
@@ -127,6 +136,8 @@ struct ShardRuns {
     relay: broadcast::Sender<Received>,
     tasks: JoinSet<Result<ShardEnd, Exit>>,
     stop: Option<Signal>,
+    /// A notice for this instance came: every shard is handed over, none is led again.
+    doomed: bool,
     failure: Option<Exit>,
     /// Terms to hold until the instance has stopped (see [`ShardEnd::keep`]).
     keep: Vec<Term>,
@@ -138,6 +149,7 @@ impl Default for ShardRuns {
             relay: broadcast::channel(64).0,
             tasks: JoinSet::new(),
             stop: None,
+            doomed: false,
             failure: None,
             keep: Vec::new(),
         }
@@ -155,7 +167,7 @@ impl ShardRuns {
     ) {
         let terms = handle.terms();
         loop {
-            let ending = self.stop.is_some() || self.failure.is_some();
+            let ending = self.stop.is_some() || self.failure.is_some() || self.doomed;
             if ending && self.tasks.is_empty() {
                 return;
             }
@@ -182,6 +194,15 @@ impl ShardRuns {
         {
             info!(signal = %sig, running = self.tasks.len(), "stopping the command of every shard");
             self.stop = Some(sig);
+        }
+        if let Received::StepDown(StepDown::Notice) = got
+            && !self.doomed
+        {
+            info!(
+                running = self.tasks.len(),
+                "a notice: stopping the command of every shard to hand the shards over"
+            );
+            self.doomed = true;
         }
         let _ = self.relay.send(got);
     }
@@ -226,7 +247,7 @@ async fn shard_task(
         let started = Instant::now();
         let outcome = supervise(&ctx, &term, &mut Inbox::Relayed(&mut relay)).await?;
         let why = match outcome {
-            Outcome::Signalled(_) => return Ok(ShardEnd::default()),
+            Outcome::Signalled(_) | Outcome::SteppedDown(_) => return Ok(ShardEnd::default()),
             Outcome::SupervisorLost(Some(_)) => {
                 warn!("the supervisor died during the stop; the shard is left to expire");
                 return Ok(ShardEnd { keep: Some(term) });
@@ -254,7 +275,7 @@ async fn shard_task(
             tokio::select! {
                 biased;
                 got = inbox.recv() => {
-                    if let Received::Stop(_) = got {
+                    if let Received::Stop(_) | Received::StepDown(_) = got {
                         return Ok(ShardEnd::default());
                     }
                 }

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{Plan, RunArgs, campaign_failed, config_error, first_read};
-use crate::signals::{Inbox, Received, Signals};
+use crate::lifecycle::{self, Lifecycle};
+use crate::signals::{Inbox, Received, Signals, StepDown};
 use crate::store::{self, StoreUrl};
 use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
 use crate::{Exit, endpoints, exit};
@@ -51,8 +52,10 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
     let timing = *elector.timing();
     become_subreaper()?;
 
-    let mut signals = Signals::new()?;
+    let mut signals = Signals::new()?.step_down_on(args.lifecycle.step_down_on);
+    let mut lifecycle = Lifecycle::start(&args.lifecycle, &mut signals).await?;
     let handle = elector.spawn();
+    lifecycle.protect(lifecycle::leading(&handle));
     let holder = handle.holder_id().clone();
     if let Some(e) = plan.endpoint {
         let instance = endpoints::Instance {
@@ -86,15 +89,29 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
         holder,
         shards: None,
     };
-    let mut handle = handle;
+    let code = campaign(args, handle, &ctx, &mut signals, &lifecycle, wait_until).await;
+    lifecycle.finish().await;
+    code
+}
+
+/// Campaigns and runs the command in each term won, until the run ends.
+async fn campaign(
+    args: &RunArgs,
+    mut handle: ElectorHandle,
+    ctx: &Ctx,
+    signals: &mut Signals,
+    lifecycle: &Lifecycle,
+    wait_until: Option<Instant>,
+) -> Result<u8, Exit> {
     loop {
-        let term = match next_term(&handle, &mut signals, wait_until).await {
+        let term = match next_term(&handle, signals, wait_until).await {
             Waited::Term(term) => term,
             Waited::Stop(sig) => {
                 info!(signal = %sig, "signal while waiting for the lease; stopping");
                 handle.shutdown().await;
                 return Ok(128 + sig as u8);
             }
+            Waited::Doomed => return Ok(doomed(handle, None, signals, lifecycle).await),
             Waited::TooLong(problem) => {
                 handle.shutdown().await;
                 return Err(Exit::new(
@@ -105,7 +122,21 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
             Waited::Failed(e) => return Err(e),
         };
         info!(token = %term.token(), "became leader; starting the command");
-        let outcome = supervise(&ctx, &term, &mut Inbox::Signals(&mut signals)).await?;
+        let outcome = supervise(ctx, &term, &mut Inbox::Signals(signals)).await?;
+        if lifecycle.doomed() && !matches!(outcome, Outcome::Signalled(_)) {
+            // With the supervisor gone, the lease is left to expire (`docs/protocol.md`):
+            // the term is held through the shutdown, which then does not release it.
+            let held = matches!(outcome, Outcome::SupervisorLost(_)).then_some(term);
+            return Ok(doomed(handle, held, signals, lifecycle).await);
+        }
+        if let Outcome::SteppedDown(StepDown::Asked(sig)) = outcome {
+            drop(term);
+            info!(signal = %sig, "the command has stopped; handing the lease over and following");
+            if handle.resign().await.is_err() {
+                return Err(Exit::new(exit::UNAVAILABLE, "the elector stopped"));
+            }
+            continue;
+        }
         handle = match after_term(handle, term, outcome, args.supervise).await {
             Ok(handle) => handle,
             Err(code) => return Ok(code),
@@ -113,11 +144,33 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
     }
 }
 
+/// A notice came: the command has stopped (if this instance led); releases the lease, never
+/// campaigns again, lets the platform go ahead, and waits for the stop signal.
+async fn doomed(
+    handle: ElectorHandle,
+    held: Option<Term>,
+    signals: &mut Signals,
+    lifecycle: &Lifecycle,
+) -> u8 {
+    handle.shutdown().await;
+    match held {
+        Some(term) => {
+            drop(term);
+            warn!("the supervisor died; the lease is left to expire");
+        }
+        None => info!("handed over (the lease is released) after the notice"),
+    }
+    lifecycle.after_handover().await;
+    128 + lifecycle::wait_for_stop(signals).await as u8
+}
+
 /// How waiting for a term ended.
 enum Waited {
     Term(Term),
     /// A stop signal came first.
     Stop(Signal),
+    /// A notice for this instance came first.
+    Doomed,
     /// `--wait` ran out; the last store error, if any, as a suffix for the message.
     TooLong(String),
     /// The campaign ended on an error that retrying cannot fix.
@@ -135,6 +188,11 @@ async fn next_term(
             biased;
             got = signals.recv() => match got {
                 Received::Stop(sig) => Waited::Stop(sig),
+                Received::StepDown(StepDown::Notice) => Waited::Doomed,
+                Received::StepDown(StepDown::Asked(sig)) => {
+                    info!(signal = %sig, "asked to step down, but not leading");
+                    continue;
+                }
                 Received::Forward(_) => continue,
             },
             _ = sleep_until_opt(wait_until) => Waited::TooLong(match handle.current() {
@@ -189,6 +247,8 @@ async fn after_term(
             return Err(128 + sig as u8);
         }
         Outcome::SupervisorLost(_) => return Err(exit::LOST),
+        // Handled by the caller (a notice, or `--step-down-on`).
+        Outcome::SteppedDown(_) => exit::LOST,
     };
     if supervised {
         // Everything is gone; do not reuse what may be left of the term.

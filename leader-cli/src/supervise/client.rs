@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 
 use super::{Ended, Report, Request};
 use crate::process_tree::{boottime_ns, descendants_outside};
-use crate::signals::{Inbox, Received};
+use crate::signals::{Inbox, Received, StepDown};
 use crate::{Exit, exit};
 
 /// What every supervised run of the command shares.
@@ -48,6 +48,8 @@ pub(crate) enum Outcome {
     Lost,
     /// `leader` was asked to stop by this signal; the command was stopped.
     Signalled(Signal),
+    /// `leader` was asked to step down (a signal or a notice); the command was stopped.
+    SteppedDown(StepDown),
     /// The supervisor died (after a stop signal, if `Some`); the kernel killed the command and
     /// this process what it had started. The lease is left to expire (`docs/protocol.md`).
     SupervisorLost(Option<Signal>),
@@ -225,6 +227,15 @@ impl Run {
                 }
             }
             Received::Forward(sig) => self.send(Request::Forward(sig)),
+            Received::StepDown(why) => {
+                if self.stopping.is_none() {
+                    self.request_stop(Signal::SIGTERM, Outcome::SteppedDown(why));
+                    info!(
+                        ?why,
+                        "stepping down: stopping the command (SIGKILL after the grace period)"
+                    );
+                }
+            }
         }
     }
 
