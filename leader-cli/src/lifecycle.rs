@@ -29,7 +29,7 @@ pub(crate) struct LifecycleArgs {
     /// "Autoscalers" below).
     #[arg(long, env = "LEADER_WATCH_NOTICES", value_name = "CLOUD", default_value = "off",
           value_parser = parse_watch)]
-    watch_notices: Option<Watch>,
+    watch_notices: WatchArg,
     /// How often to read the notices on AWS and Azure (default: their recommended 5s and 1s;
     /// GCE answers a waiting request at once).
     #[arg(long, env = "LEADER_NOTICE_POLL", value_parser = crate::parse_duration)]
@@ -45,7 +45,8 @@ pub(crate) struct LifecycleArgs {
     #[arg(long, env = "LEADER_PROTECT_LEADER", value_name = "WHERE",
           value_parser = parse_protect)]
     protect_leader: Option<ProtectOn>,
-    /// How often the protection is written again (set while leading, cleared otherwise).
+    /// How often the protection is written again (set while leading, cleared otherwise),
+    /// 1s to 1h.
     #[arg(long, env = "LEADER_PROTECT_EVERY", value_parser = crate::parse_duration,
           default_value = "60s")]
     protect_every: Duration,
@@ -57,11 +58,17 @@ pub(crate) struct LifecycleArgs {
     pub(crate) step_down_on: Option<Signal>,
 }
 
-fn parse_watch(s: &str) -> Result<Option<Watch>, String> {
+/// TEMP(helper process): clap needs the parser's type to be the field's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WatchArg(Option<Watch>);
+
+fn parse_watch(s: &str) -> Result<WatchArg, String> {
     if s.trim().eq_ignore_ascii_case("off") {
-        return Ok(None);
+        return Ok(WatchArg(None));
     }
-    s.parse().map(Some).map_err(|e: NoticeError| e.to_string())
+    s.parse()
+        .map(|w| WatchArg(Some(w)))
+        .map_err(|e: NoticeError| e.to_string())
 }
 
 fn parse_protect(s: &str) -> Result<ProtectOn, String> {
@@ -112,9 +119,19 @@ impl LifecycleArgs {
 
     fn check(&self) -> Result<(), Exit> {
         let aws = matches!(
-            self.watch_notices,
+            self.watch_notices.0,
             Some(Watch::Auto | Watch::Only(leader::notice::Cloud::Aws))
         );
+        if !(MIN_PROTECT_EVERY..=MAX_PROTECT_EVERY).contains(&self.protect_every) {
+            return Err(Exit::new(
+                exit::USAGE,
+                format!(
+                    "--protect-every {:?}: between {MIN_PROTECT_EVERY:?} and {MAX_PROTECT_EVERY:?} \
+                     (each period writes the mark once)",
+                    self.protect_every
+                ),
+            ));
+        }
         if self.complete_lifecycle_hook.is_some() && !aws {
             return Err(Exit::new(
                 exit::USAGE,
@@ -126,6 +143,12 @@ impl LifecycleArgs {
         Ok(())
     }
 }
+
+/// The shortest `--protect-every`: each period is one call to the cloud's control plane.
+const MIN_PROTECT_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest `--protect-every`: a stale mark is undone within the hour.
+const MAX_PROTECT_EVERY: Duration = Duration::from_secs(3600);
 
 /// What `leader run` keeps of these flags while it runs.
 pub(crate) struct Lifecycle {
@@ -158,7 +181,7 @@ impl Lifecycle {
             Some(on) => Some(discover(on).await?),
             None => None,
         };
-        let watch = match args.watch_notices {
+        let watch = match args.watch_notices.0 {
             Some(which) => {
                 let mut watcher = NoticeWatcher::new(which);
                 if let Some(every) = args.notice_poll {
@@ -363,7 +386,7 @@ mod tests {
 
     fn args(watch: Option<Watch>, hook: bool, protect: bool, step: bool) -> LifecycleArgs {
         LifecycleArgs {
-            watch_notices: watch,
+            watch_notices: WatchArg(watch),
             notice_poll: None,
             complete_lifecycle_hook: hook.then(|| "drain".to_owned()),
             protect_leader: protect.then_some(ProtectOn::Aws),
@@ -386,6 +409,18 @@ mod tests {
         assert!(args(Some(Watch::Auto), true, false, false).check().is_ok());
         let aws = Some(Watch::Only(leader::notice::Cloud::Aws));
         assert!(args(aws, true, false, false).check().is_ok());
+    }
+
+    #[test]
+    fn the_protection_period_is_bounded() {
+        let mut a = args(None, false, true, false);
+        a.protect_every = Duration::ZERO;
+        let e = a.check().unwrap_err();
+        assert!(e.message.contains("--protect-every"), "{}", e.message);
+        a.protect_every = Duration::from_secs(7200);
+        assert!(a.check().is_err());
+        a.protect_every = Duration::from_secs(1);
+        assert!(a.check().is_ok());
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! the public API: `NoticeWatcher` and `NoticeWatch`.
 //!
 //! The endpoints are environment variables, and a process has one environment. So each case
-//! runs in a child process of this test binary: the `child_*` tests, ignored in a plain run,
-//! read the fake's address from their environment. Each parent test starts a fake, runs its
-//! child with every endpoint pointed at it (or at a closed port), and checks that exactly that
-//! one child test ran and passed.
+//! runs in a child process of this test binary: each test starts a fake, then runs itself
+//! again in a child with every endpoint pointed at the fake (or at a closed port) and the
+//! case's name in `LEADER_NOTICE_TEST_CASE`; in the child, the test runs that `child_*` case
+//! instead, and the parent checks that exactly one test ran there and passed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 
 /// Set in a child's environment: the fake's plain-HTTP URL, for the controls.
 const FAKE_VAR: &str = "LEADER_NOTICE_TEST_FAKE";
+/// Set in a child's environment: the case to run (a `child_*` function).
+const CASE_VAR: &str = "LEADER_NOTICE_TEST_CASE";
 /// Set in a child's environment: the case's parameter (e.g. `aws hang`).
 const PARAM_VAR: &str = "LEADER_NOTICE_TEST_PARAM";
 
@@ -42,7 +44,9 @@ fn closed_authority() -> String {
 
 /// Runs the child test `case` with every endpoint at `fake`, then `overrides`, and `param`.
 fn run_child(case: &str, fake: &FakeMetadata, overrides: &[(&str, String)], param: &str) {
+    let test = TEST.with(|t| t.borrow().clone());
     let mut env: Vec<(&str, String)> = vec![
+        (CASE_VAR, case.to_owned()),
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.http_url()),
         ("LEADER_AZURE_IMDS_ENDPOINT", fake.http_url()),
         ("GCE_METADATA_HOST", fake.authority()),
@@ -55,13 +59,7 @@ fn run_child(case: &str, fake: &FakeMetadata, overrides: &[(&str, String)], para
         env.push((name, value.clone()));
     }
     let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            case,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         // A profile must not move the IMDS endpoint, nor a region come from elsewhere.
         .env("AWS_CONFIG_FILE", "/nonexistent/leader-notice-test")
         .envs(env)
@@ -75,6 +73,44 @@ fn run_child(case: &str, fake: &FakeMetadata, overrides: &[(&str, String)], para
     );
 }
 
+thread_local! {
+    /// The name of the test this thread runs (the child runs the same test).
+    static TEST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Names the test this thread works for.
+fn as_test(name: &str) {
+    TEST.with(|t| *t.borrow_mut() = name.to_owned());
+}
+
+/// In a child: runs the case of `CASE_VAR` and returns `true`. In the parent: records the
+/// test's name for `run_child` and returns `false`.
+fn dispatch(test: &str) -> bool {
+    as_test(test);
+    let Ok(case) = std::env::var(CASE_VAR) else {
+        return false;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        match case.as_str() {
+            "child_aws_spot" => child_aws_spot().await,
+            "child_aws_lifecycle" => child_aws_lifecycle().await,
+            "child_azure_own_event" => child_azure_own_event().await,
+            "child_azure_shared_event" => child_azure_shared_event().await,
+            "child_gce_preempted" => child_gce_preempted().await,
+            "child_gce_maintenance" => child_gce_maintenance().await,
+            "child_fault" => child_fault().await,
+            "child_one_path_hangs" => child_one_path_hangs().await,
+            "child_auto" => child_auto().await,
+            other => panic!("no child case {other}"),
+        }
+    });
+    true
+}
+
 /// A fake of a default machine (VM `vmss_0`, instance `i-0fake0000000000001`).
 fn fake() -> FakeMetadata {
     FakeMetadata::start(&Machine::default())
@@ -82,39 +118,61 @@ fn fake() -> FakeMetadata {
 
 #[test]
 fn aws_spot_interruption_arrives_and_nothing_before() {
+    if dispatch("aws_spot_interruption_arrives_and_nothing_before") {
+        return;
+    }
     run_child("child_aws_spot", &fake(), &[], "");
 }
 
 #[test]
 fn aws_terminated_target_lifecycle_state_is_a_scale_in() {
+    if dispatch("aws_terminated_target_lifecycle_state_is_a_scale_in") {
+        return;
+    }
     run_child("child_aws_lifecycle", &fake(), &[], "");
 }
 
 #[test]
 fn azure_own_event_arrives_and_is_approved_once_and_only_it() {
+    if dispatch("azure_own_event_arrives_and_is_approved_once_and_only_it") {
+        return;
+    }
     run_child("child_azure_own_event", &fake(), &[], "");
 }
 
 #[test]
 fn azure_event_of_two_vms_is_a_notice_but_never_approved() {
+    if dispatch("azure_event_of_two_vms_is_a_notice_but_never_approved") {
+        return;
+    }
     run_child("child_azure_shared_event", &fake(), &[], "");
 }
 
 #[test]
 fn gce_preemption_arrives_through_the_hanging_get() {
+    if dispatch("gce_preemption_arrives_through_the_hanging_get") {
+        return;
+    }
     run_child("child_gce_preempted", &fake(), &[], "");
 }
 
 #[test]
 fn gce_terminating_maintenance_is_a_notice_a_migration_is_not() {
+    if dispatch("gce_terminating_maintenance_is_a_notice_a_migration_is_not") {
+        return;
+    }
     run_child("child_gce_maintenance", &fake(), &[], "");
 }
 
 #[test]
 fn a_hanging_or_garbage_service_gives_no_notice_and_is_watched_again_after() {
+    if dispatch("a_hanging_or_garbage_service_gives_no_notice_and_is_watched_again_after") {
+        return;
+    }
     // One fake per case, the cases of one cloud in a row, the clouds in parallel.
     let clouds = ["aws", "azure", "gcp"].map(|cloud| {
         std::thread::spawn(move || {
+            as_test("a_hanging_or_garbage_service_gives_no_notice_and_is_watched_again_after");
             for mode in ["hang", "garbage", "status500"] {
                 run_child("child_fault", &fake(), &[], &format!("{cloud} {mode}"));
             }
@@ -127,8 +185,14 @@ fn a_hanging_or_garbage_service_gives_no_notice_and_is_watched_again_after() {
 
 #[test]
 fn a_path_that_keeps_hanging_does_not_hide_the_other_paths_notice() {
+    if dispatch("a_path_that_keeps_hanging_does_not_hide_the_other_paths_notice") {
+        return;
+    }
     let clouds = ["aws", "gcp"].map(|cloud| {
-        std::thread::spawn(move || run_child("child_one_path_hangs", &fake(), &[], cloud))
+        std::thread::spawn(move || {
+            as_test("a_path_that_keeps_hanging_does_not_hide_the_other_paths_notice");
+            run_child("child_one_path_hangs", &fake(), &[], cloud);
+        })
     });
     for cloud in clouds {
         cloud.join().unwrap();
@@ -137,6 +201,9 @@ fn a_path_that_keeps_hanging_does_not_hide_the_other_paths_notice() {
 
 #[test]
 fn auto_watches_gce_alone_when_only_gce_answers() {
+    if dispatch("auto_watches_gce_alone_when_only_gce_answers") {
+        return;
+    }
     let closed = format!("http://{}", closed_authority());
     let overrides = [
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", closed.clone()),
@@ -147,6 +214,9 @@ fn auto_watches_gce_alone_when_only_gce_answers() {
 
 #[test]
 fn auto_watches_aws_alone_when_only_aws_answers() {
+    if dispatch("auto_watches_aws_alone_when_only_aws_answers") {
+        return;
+    }
     let overrides = [
         (
             "LEADER_AZURE_IMDS_ENDPOINT",
@@ -159,6 +229,9 @@ fn auto_watches_aws_alone_when_only_aws_answers() {
 
 #[test]
 fn auto_watches_azure_alone_when_only_azure_answers() {
+    if dispatch("auto_watches_azure_alone_when_only_azure_answers") {
+        return;
+    }
     let overrides = [
         (
             "AWS_EC2_METADATA_SERVICE_ENDPOINT",
@@ -170,7 +243,7 @@ fn auto_watches_azure_alone_when_only_azure_answers() {
 }
 
 // ------------------------------------------------------------------------------------------
-// The child side: runs only in a child process (else it returns at once).
+// The child side: runs only in a child process, through `dispatch`.
 
 /// The fake's controls, over HTTP from the child.
 struct Fake {
@@ -252,8 +325,6 @@ async fn notice(w: &NoticeWatch, what: &str) -> Notice {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_aws_spot() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Aws));
@@ -276,8 +347,6 @@ async fn child_aws_spot() {
     assert!(!w.approve().await.unwrap(), "nothing to approve on EC2");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_aws_lifecycle() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Aws));
@@ -288,8 +357,6 @@ async fn child_aws_lifecycle() {
     assert_eq!((n.cloud, n.kind), (Cloud::Aws, NoticeKind::ScaleIn));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_azure_own_event() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Azure));
@@ -323,8 +390,6 @@ async fn child_azure_own_event() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_azure_shared_event() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Azure));
@@ -343,8 +408,6 @@ async fn child_azure_shared_event() {
     assert_eq!(fake.state().await["azure_approvals"], json!([]));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_gce_preempted() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Gcp));
@@ -367,8 +430,6 @@ async fn child_gce_preempted() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_gce_maintenance() {
     let Some(fake) = Fake::from_env() else { return };
     let w = watch(Watch::Only(Cloud::Gcp));
@@ -409,8 +470,6 @@ fn case_of(cloud: &str) -> (Watch, Value, NoticeKind, &'static str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_fault() {
     let Some(fake) = Fake::from_env() else { return };
     let param = std::env::var(PARAM_VAR).unwrap();
@@ -427,8 +486,6 @@ async fn child_fault() {
     assert_eq!(n.kind, kind, "{cloud} {mode}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_one_path_hangs() {
     let Some(fake) = Fake::from_env() else { return };
     let cloud = std::env::var(PARAM_VAR).unwrap();
@@ -458,8 +515,6 @@ async fn child_one_path_hangs() {
     fake.fault(hangs, "none").await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a case of a parent test, run in a process of its own"]
 async fn child_auto() {
     let Some(fake) = Fake::from_env() else { return };
     let cloud = std::env::var(PARAM_VAR).unwrap();
