@@ -46,7 +46,13 @@ pub struct AutoScaling {
     endpoint: Url,
     region: String,
     credentials: SharedCredentialsProvider,
+    /// The last credentials, reused until five minutes before they expire: the chain alone
+    /// caches nothing (the SDK clients do), and a web identity would cost an STS call each.
+    cached: std::sync::Mutex<Option<Credentials>>,
 }
+
+/// How long before their expiry cached credentials are looked up again.
+const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 
 impl fmt::Debug for AutoScaling {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -60,9 +66,10 @@ impl fmt::Debug for AutoScaling {
 impl AutoScaling {
     /// The client of this environment: the endpoint from `AWS_ENDPOINT_URL_AUTO_SCALING`,
     /// else `AWS_ENDPOINT_URL`, else `https://autoscaling.{region}.amazonaws.com`; the region
-    /// from the SDKs' chain (`AWS_REGION`, the profile, instance metadata), else from instance
-    /// metadata (`placement/region`); credentials from the SDKs' default chain, looked up at
-    /// the first call.
+    /// of this instance (instance metadata, `placement/region`: its group is there, whatever
+    /// region `AWS_REGION` names for the store), else `AWS_REGION` or the profile's (off EC2);
+    /// credentials from the SDKs' default chain, looked up at the first call and reused until
+    /// shortly before they expire.
     ///
     /// # Errors
     /// [`NoticeError::Config`] if no region is found or an endpoint setting is not an
@@ -76,11 +83,9 @@ impl AutoScaling {
             .http_client(sdk_http_client())
             .load()
             .await;
-        let region = match config.region() {
-            Some(region) => region.to_string(),
-            // Its error says to set AWS_REGION.
-            None => crate::aws::region().await?,
-        };
+        // The instance's own region first: its group lives there, whatever region the
+        // environment names for the lease store. Its error says to set AWS_REGION.
+        let region = crate::aws::region().await?;
         let credentials = config.credentials_provider().ok_or_else(|| {
             NoticeError::Config("no AWS credentials provider is configured".to_owned())
         })?;
@@ -101,6 +106,7 @@ impl AutoScaling {
             endpoint,
             region,
             credentials,
+            cached: std::sync::Mutex::new(None),
         })
     }
 
@@ -228,6 +234,22 @@ impl AutoScaling {
     }
 
     async fn credentials(&self, action: &str) -> Result<Credentials, NoticeError> {
+        let fresh = |c: &Credentials| c.expiry().is_none_or(|at| at > now() + REFRESH_BEFORE);
+        if let Some(c) = self
+            .cached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|c| fresh(c))
+        {
+            return Ok(c.clone());
+        }
+        let loaded = self.load_credentials(action).await?;
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    async fn load_credentials(&self, action: &str) -> Result<Credentials, NoticeError> {
         self.credentials
             .provide_credentials()
             .await
@@ -283,6 +305,9 @@ impl AutoScaling {
             .into_parts();
         let mut builder = self.http.post(url).header("content-type", FORM);
         for (name, value) in instructions.headers() {
+            let mut value = http::HeaderValue::from_str(value).map_err(|e| failed(&e))?;
+            // Kept out of any debug output of the request.
+            value.set_sensitive(matches!(name, "authorization" | "x-amz-security-token"));
             builder = builder.header(name, value);
         }
         builder.body(body).build().map_err(|e| failed(&e))

@@ -67,8 +67,9 @@ pub(crate) async fn instance_id() -> Result<String, NoticeError> {
     }
 }
 
-/// The region to call AWS APIs in: `AWS_REGION`/`AWS_DEFAULT_REGION` or the profile's (as
-/// `aws-config` finds them), else this instance's region from IMDS.
+/// The region to call Auto Scaling in: this instance's own (IMDS `placement/region`: its
+/// group is there, whatever region `AWS_REGION` names for the lease store), else, off EC2,
+/// `AWS_REGION`/`AWS_DEFAULT_REGION` or the profile's (as `aws-config` finds them).
 ///
 /// # Errors
 /// [`NoticeError::Config`] if there is no region anywhere; the metadata service's error.
@@ -76,26 +77,29 @@ pub(crate) async fn region() -> Result<String, NoticeError> {
     use aws_config::environment::region::EnvironmentVariableRegionProvider;
     use aws_config::meta::region::RegionProviderChain;
     use aws_config::profile::region::ProfileFileRegionProvider;
+    let imds_error = match get(&imds_client(), REGION).await {
+        Err(e) => e,
+        Ok(region) => {
+            let region = region.trim();
+            if region.is_empty() || region.contains(char::is_whitespace) {
+                return Err(crate::http::malformed(
+                    SERVICE,
+                    "GET placement/region",
+                    "not a region",
+                    region,
+                ));
+            }
+            return Ok(region.to_owned());
+        }
+    };
     let chain = RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
         .or_else(ProfileFileRegionProvider::new());
-    if let Some(region) = chain.region().await {
-        return Ok(region.to_string());
+    match chain.region().await {
+        Some(region) => Ok(region.to_string()),
+        None => Err(NoticeError::Config(format!(
+            "no AWS region: run on EC2 with IMDS reachable, or set AWS_REGION ({imds_error})"
+        ))),
     }
-    let region = get(&imds_client(), REGION).await.map_err(|e| {
-        NoticeError::Config(format!(
-            "no AWS region: set AWS_REGION, or run on EC2 with IMDS reachable ({e})"
-        ))
-    })?;
-    let region = region.trim();
-    if region.is_empty() || region.contains(char::is_whitespace) {
-        return Err(crate::http::malformed(
-            SERVICE,
-            "GET placement/region",
-            "not a region",
-            region,
-        ));
-    }
-    Ok(region.to_owned())
 }
 
 /// A GET on IMDS: the body, or the error (a 404 included, see [`is_not_found`]).

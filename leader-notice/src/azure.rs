@@ -208,12 +208,14 @@ struct Event {
     not_before: String,
 }
 
-/// The notice kind of an event type; `Freeze` (a pause of seconds) and unknown types are none.
+/// The notice kind of an event type. Only the two that take the machine away for good count:
+/// `Freeze` is a pause of seconds, and after a `Reboot` or `Redeploy` the machine comes back
+/// (the OS shutdown's SIGTERM hands over; a notice would end campaigning for good); unknown
+/// types are none too.
 fn kind_of(event_type: &str) -> Option<NoticeKind> {
     match event_type {
         "Preempt" => Some(NoticeKind::Preempt),
         "Terminate" => Some(NoticeKind::Terminate),
-        "Reboot" | "Redeploy" => Some(NoticeKind::Restart),
         _ => None,
     }
 }
@@ -410,8 +412,6 @@ mod tests {
         for (t, k) in [
             ("Preempt", NoticeKind::Preempt),
             ("Terminate", NoticeKind::Terminate),
-            ("Reboot", NoticeKind::Restart),
-            ("Redeploy", NoticeKind::Restart),
         ] {
             let n = events_notice(&doc(&event("E1", t, &["vmss_0"])), "vmss_0")
                 .unwrap()
@@ -422,8 +422,10 @@ mod tests {
             assert!(n.only_this_instance);
             assert!(n.detail.contains(t), "{}", n.detail);
         }
-        let freeze = doc(&event("E2", "Freeze", &["vmss_0"]));
-        assert_eq!(events_notice(&freeze, "vmss_0").unwrap(), None);
+        for t in ["Freeze", "Reboot", "Redeploy"] {
+            let back = doc(&event("E2", t, &["vmss_0"]));
+            assert_eq!(events_notice(&back, "vmss_0").unwrap(), None, "{t}");
+        }
     }
 
     #[test]
@@ -442,11 +444,11 @@ mod tests {
             "{},{},{}",
             event("E1", "Freeze", &["vmss_0"]),
             event("E2", "Terminate", &["vmss_9"]),
-            event("E3", "Reboot", &["vmss_0"])
+            event("E3", "Preempt", &["vmss_0"])
         ));
         let n = events_notice(&body, "vmss_0").unwrap().unwrap();
         assert_eq!(n.event_id.as_deref(), Some("E3"));
-        assert_eq!(n.kind, NoticeKind::Restart);
+        assert_eq!(n.kind, NoticeKind::Preempt);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! library (see `examples/notice.rs`):
 //!
 //! - [`NoticeWatcher`] polls this instance's metadata service at each cloud's recommended
-//!   rate and publishes the first [`Notice`] for this instance. On one, a leader stops its
+//!   rate and publishes the first [`Notice`] for this instance (a machine that goes away for
+//!   good: a `Reboot` or a live migration is not a notice). On one, a leader stops its
 //!   work and releases (`ElectorHandle::shutdown`), a follower stops campaigning for good (it
 //!   would only lead on a doomed machine); then [`NoticeWatch::approve`] lets Azure go ahead
 //!   at once with this instance's own event, and [`AutoScaling::complete_lifecycle_action`]
@@ -95,8 +96,6 @@ pub enum NoticeKind {
     Preempt,
     /// Azure `Terminate`: the scale set deletes this instance (5 to 15 min ahead).
     Terminate,
-    /// Azure `Reboot` or `Redeploy`: the machine goes down (and comes back, perhaps moved).
-    Restart,
     /// GCE `instance/preempted` reads `TRUE`.
     Preempted,
     /// GCE `instance/maintenance-event` reads `TERMINATE_ON_HOST_MAINTENANCE`.
@@ -111,7 +110,6 @@ impl NoticeKind {
             NoticeKind::ScaleIn => "scale_in",
             NoticeKind::Preempt => "preempt",
             NoticeKind::Terminate => "terminate",
-            NoticeKind::Restart => "restart",
             NoticeKind::Preempted => "preempted",
             NoticeKind::HostMaintenance => "host_maintenance",
         }

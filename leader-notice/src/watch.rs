@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,6 +40,10 @@ impl FromStr for Watch {
         })
     }
 }
+
+/// A waiting look (no pause of its own) that answers sooner than this is followed by a pause
+/// of this long.
+const QUICK_LOOK: Duration = Duration::from_secs(1);
 
 /// A source, shared by its polling task and [`NoticeWatch::approve`].
 type Shared = Arc<tokio::sync::Mutex<Box<dyn Source>>>;
@@ -102,6 +107,9 @@ impl NoticeWatcher {
     ///
     /// # Errors
     /// [`NoticeError::Config`] if an endpoint setting does not parse.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
     pub fn spawn(self) -> Result<NoticeWatch, NoticeError> {
         let clouds = match self.which {
             Watch::Auto => vec![Cloud::Aws, Cloud::Azure, Cloud::Gcp],
@@ -118,13 +126,14 @@ impl NoticeWatcher {
         let (tx, rx) = watch::channel(None);
         let tx = Arc::new(tx);
         let mut tasks = JoinSet::new();
-        let auto = self.which == Watch::Auto;
+        // With Auto: how many clouds may still be here (each absent one counts down).
+        let auto = (self.which == Watch::Auto).then(|| Arc::new(AtomicUsize::new(sources.len())));
         let sources: Vec<(Cloud, Shared)> = sources
             .into_iter()
             .map(|s| (s.cloud(), Arc::new(tokio::sync::Mutex::new(s))))
             .collect();
         for (_, source) in &sources {
-            tasks.spawn(poll(source.clone(), tx.clone(), auto, self.every));
+            tasks.spawn(poll(source.clone(), tx.clone(), auto.clone(), self.every));
         }
         Ok(NoticeWatch {
             rx,
@@ -194,18 +203,27 @@ impl NoticeWatch {
 async fn poll(
     source: Shared,
     tx: Arc<watch::Sender<Option<Notice>>>,
-    auto: bool,
+    auto: Option<Arc<AtomicUsize>>,
     every: Option<Duration>,
 ) {
     let mut source = source.lock().await;
     let cloud = source.cloud();
-    if auto && !source.present().await {
+    if let Some(absent) = &auto
+        && !source.present().await
+    {
         debug!(%cloud, "no metadata service of this cloud here; not watching it");
+        // The last of the clouds found absent says so once: no notice will ever come.
+        if absent.fetch_sub(1, Ordering::AcqRel) == 1 {
+            warn!(
+                "no cloud's metadata service answered (aws, azure, gcp): no notice will be seen; in a container on EC2, IMDSv2 needs a hop limit of 2"
+            );
+        }
         return;
     }
     info!(%cloud, "watching for scale-in and preemption notices");
     let mut failures = 0u64;
     loop {
+        let looked = tokio::time::Instant::now();
         match source.look().await {
             Ok(Some(notice)) => {
                 ::metrics::counter!(metric::NOTICES, "cloud" => cloud.as_str(), "kind" => notice.kind.as_str()).increment(1);
@@ -242,9 +260,12 @@ async fn poll(
             (_, Some(every)) => every,
             (_, None) => source.pause(),
         };
-        // A look that failed at once (connection refused) must not spin.
+        // A look that failed at once (connection refused) must not spin, nor a waiting
+        // request that a server answers at once every time (GCE's pause is zero).
         let pause = if failures > 0 {
             pause.max(Duration::from_millis(500))
+        } else if pause.is_zero() && looked.elapsed() < QUICK_LOOK {
+            QUICK_LOOK
         } else {
             pause
         };

@@ -83,6 +83,9 @@ pub async fn protector(on: ProtectOn) -> Result<Arc<dyn Protector>, NoticeError>
     })
 }
 
+/// The shortest period [`Protection::start`] uses (a shorter one is raised to it).
+const MIN_EVERY: Duration = Duration::from_secs(1);
+
 /// The first pause after a failed protection call; doubled after each, up to the period.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
@@ -100,7 +103,10 @@ impl Protection {
     /// Starts the task: the mark follows `leading` at each change, and is written again every
     /// `every` (set while leading, cleared otherwise), so that a mark left by a crashed leader
     /// is undone once this instance runs again. A failed call is retried (1 s, doubling, at most
-    /// `every`) and never touches leadership.
+    /// `every`) and never touches leadership. An `every` below 1 s is taken as 1 s.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
     pub fn start(
         protector: Arc<dyn Protector>,
         on: ProtectOn,
@@ -108,6 +114,8 @@ impl Protection {
         every: Duration,
     ) -> Self {
         let on = on.as_str();
+        // Each period is a call to the cloud's control plane: never a tight loop.
+        let every = every.max(MIN_EVERY);
         let task = tokio::spawn(keep(protector.clone(), on, leading, every));
         Self {
             task,
