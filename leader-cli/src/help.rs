@@ -128,7 +128,7 @@ Quorum (--store given 3 or 5 times):
 Autoscalers (--watch-notices, --protect-leader, --complete-lifecycle-hook):
   --watch-notices aws|azure|gcp|auto reads this machine's metadata service from start-up:
   EC2 Spot interruptions and Auto Scaling's target lifecycle state `Terminated` (every 5s),
-  Azure Scheduled Events Preempt, Terminate, Reboot and Redeploy for this VM (every 1s),
+  Azure Scheduled Events Preempt and Terminate for this VM (every 1s),
   GCE preemption and terminating host maintenance (a waiting request). On a notice the
   leader stops the command (the grace period) and releases at once; a follower takes over
   within a poll. This instance then never campaigns again: it approves its own Azure event

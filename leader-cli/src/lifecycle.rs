@@ -30,8 +30,8 @@ pub(crate) struct LifecycleArgs {
     #[arg(long, env = "LEADER_WATCH_NOTICES", value_name = "CLOUD", default_value = "off",
           value_parser = parse_watch)]
     watch_notices: WatchArg,
-    /// How often to read the notices on AWS and Azure (default: their recommended 5s and 1s;
-    /// GCE answers a waiting request at once).
+    /// How often to read the notices on AWS and Azure, 100ms to 60s (default: their
+    /// recommended 5s and 1s; GCE answers a waiting request at once).
     #[arg(long, env = "LEADER_NOTICE_POLL", value_parser = crate::parse_duration)]
     notice_poll: Option<Duration>,
     /// After handing over on an Auto Scaling scale-in notice, complete this terminate
@@ -46,9 +46,9 @@ pub(crate) struct LifecycleArgs {
           value_parser = parse_protect)]
     protect_leader: Option<ProtectOn>,
     /// How often the protection is written again (set while leading, cleared otherwise),
-    /// 1s to 1h.
+    /// 1s to 1h: one call to the cloud's control plane per instance and period.
     #[arg(long, env = "LEADER_PROTECT_EVERY", value_parser = crate::parse_duration,
-          default_value = "60s")]
+          default_value = "5m")]
     protect_every: Duration,
     /// Step down on this signal (USR1 or USR2; otherwise it is passed on to the command): the
     /// command is stopped as at a stop signal, the lease released, and the instance keeps
@@ -58,7 +58,8 @@ pub(crate) struct LifecycleArgs {
     pub(crate) step_down_on: Option<Signal>,
 }
 
-/// TEMP(helper process): clap needs the parser's type to be the field's.
+/// `--watch-notices`: `off` (None) or what to watch. A type of its own because clap takes a
+/// field's type from its parser's, and `Option` would make the flag optional instead.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WatchArg(Option<Watch>);
 
@@ -132,6 +133,24 @@ impl LifecycleArgs {
                 ),
             ));
         }
+        if let Some(poll) = self.notice_poll {
+            if self.watch_notices.0.is_none() {
+                return usage("--notice-poll needs --watch-notices".to_owned());
+            }
+            if !(MIN_NOTICE_POLL..=MAX_NOTICE_POLL).contains(&poll) {
+                return usage(format!(
+                    "--notice-poll {poll:?}: between {MIN_NOTICE_POLL:?} and {MAX_NOTICE_POLL:?} \
+                     (a Spot notice comes 2 minutes ahead, an Azure Preempt 30 s)"
+                ));
+            }
+        }
+        if self
+            .complete_lifecycle_hook
+            .as_deref()
+            .is_some_and(|h| h.trim().is_empty())
+        {
+            return usage("--complete-lifecycle-hook: the hook's name is empty".to_owned());
+        }
         if self.complete_lifecycle_hook.is_some() && !aws {
             return Err(Exit::new(
                 exit::USAGE,
@@ -149,6 +168,14 @@ const MIN_PROTECT_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest `--protect-every`: a stale mark is undone within the hour.
 const MAX_PROTECT_EVERY: Duration = Duration::from_secs(3600);
+
+/// The bounds of `--notice-poll`.
+const MIN_NOTICE_POLL: Duration = Duration::from_millis(100);
+const MAX_NOTICE_POLL: Duration = Duration::from_secs(60);
+
+fn usage(message: String) -> Result<(), Exit> {
+    Err(Exit::new(exit::USAGE, message))
+}
 
 /// What `leader run` keeps of these flags while it runs.
 pub(crate) struct Lifecycle {
@@ -241,6 +268,10 @@ impl Lifecycle {
             Ok(true) => {
                 info!(event = ?notice.event_id, "approved this instance's event: it may go now")
             }
+            Ok(false) if notice.event_id.is_some() => info!(
+                event = ?notice.event_id,
+                "the event names other machines too: not approved (it starts at its own time)"
+            ),
             Ok(false) => {}
             Err(e) => {
                 warn!(error = %e, "could not approve the event; the platform goes ahead at its own time")
@@ -363,12 +394,12 @@ mod tests {
 
     #[test]
     fn the_flags_parse_and_refuse_what_they_cannot_do() {
-        assert_eq!(parse_watch("off").unwrap(), None);
+        assert_eq!(parse_watch("off").unwrap().0, None);
         assert_eq!(
-            parse_watch("AWS").unwrap(),
+            parse_watch("AWS").unwrap().0,
             Some(Watch::Only(leader::notice::Cloud::Aws))
         );
-        assert_eq!(parse_watch("auto").unwrap(), Some(Watch::Auto));
+        assert_eq!(parse_watch("auto").unwrap().0, Some(Watch::Auto));
         assert!(
             parse_watch("ibm")
                 .unwrap_err()
@@ -382,6 +413,47 @@ mod tests {
         assert_eq!(parse_step_down_signal("SIGUSR1").unwrap(), Signal::SIGUSR1);
         assert_eq!(parse_step_down_signal("usr2").unwrap(), Signal::SIGUSR2);
         assert!(parse_step_down_signal("TERM").is_err());
+    }
+
+    /// The flags of a whole `leader run` line, as clap parses them.
+    fn parsed(flags: &[&str]) -> Result<LifecycleArgs, clap::Error> {
+        use clap::Parser;
+        let line = ["leader", "run", "--store", "file:///tmp/x/job"]
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"]);
+        match crate::Cli::try_parse_from(line)?.command {
+            crate::Command::Run(run) => Ok(run.lifecycle),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_whole_run_line_parses_with_and_without_the_flags() {
+        let plain = parsed(&[]).unwrap();
+        assert!(plain.watch_notices.0.is_none());
+        assert_eq!(plain.protect_every, Duration::from_secs(300));
+        let all = parsed(&[
+            "--watch-notices",
+            "aws",
+            "--notice-poll",
+            "200ms",
+            "--complete-lifecycle-hook",
+            "drain",
+            "--protect-leader",
+            "k8s",
+            "--step-down-on",
+            "USR1",
+        ])
+        .unwrap();
+        assert_eq!(
+            all.watch_notices.0,
+            Some(Watch::Only(leader::notice::Cloud::Aws))
+        );
+        assert_eq!(all.protect_leader, Some(ProtectOn::Kubernetes));
+        assert_eq!(all.step_down_on, Some(Signal::SIGUSR1));
+        assert!(all.check().is_ok());
+        assert!(parsed(&["--watch-notices", "ibm"]).is_err());
     }
 
     fn args(watch: Option<Watch>, hook: bool, protect: bool, step: bool) -> LifecycleArgs {
@@ -421,6 +493,23 @@ mod tests {
         assert!(a.check().is_err());
         a.protect_every = Duration::from_secs(1);
         assert!(a.check().is_ok());
+    }
+
+    #[test]
+    fn the_notice_poll_is_bounded_and_needs_the_notices() {
+        let mut a = args(None, false, false, false);
+        a.notice_poll = Some(Duration::from_secs(1));
+        assert_eq!(a.check().unwrap_err().code, exit::USAGE);
+        a.watch_notices = WatchArg(Some(Watch::Auto));
+        assert!(a.check().is_ok());
+        for bad in [Duration::from_millis(1), Duration::from_secs(600)] {
+            a.notice_poll = Some(bad);
+            let e = a.check().unwrap_err();
+            assert_eq!(e.code, exit::USAGE, "{}", e.message);
+        }
+        let mut h = args(Some(Watch::Auto), true, false, false);
+        h.complete_lifecycle_hook = Some(" ".to_owned());
+        assert!(h.check().unwrap_err().message.contains("empty"));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! one stopped at a deadline that a late renew has moved since.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leader::{ShardedElector, ShardedHandle, Term};
@@ -64,7 +65,7 @@ pub(super) async fn run(
     let code = match (runs.failure, runs.stop) {
         (Some(e), _) => Err(e),
         (None, Some(sig)) => Ok(128 + sig as u8),
-        (None, None) if runs.doomed => {
+        (None, None) if runs.doomed.load(Ordering::Acquire) => {
             info!("handed over every shard after the notice");
             lifecycle.after_handover().await;
             Ok(128 + lifecycle::wait_for_stop(&mut signals).await as u8)
@@ -136,8 +137,9 @@ struct ShardRuns {
     relay: broadcast::Sender<Received>,
     tasks: JoinSet<Result<ShardEnd, Exit>>,
     stop: Option<Signal>,
-    /// A notice for this instance came: every shard is handed over, none is led again.
-    doomed: bool,
+    /// A notice for this instance came: every shard is handed over, none is led again, and
+    /// no shard's command is started again (its task reads it too).
+    doomed: Arc<AtomicBool>,
     failure: Option<Exit>,
     /// Terms to hold until the instance has stopped (see [`ShardEnd::keep`]).
     keep: Vec<Term>,
@@ -149,7 +151,7 @@ impl Default for ShardRuns {
             relay: broadcast::channel(64).0,
             tasks: JoinSet::new(),
             stop: None,
-            doomed: false,
+            doomed: Arc::new(AtomicBool::new(false)),
             failure: None,
             keep: Vec::new(),
         }
@@ -167,7 +169,9 @@ impl ShardRuns {
     ) {
         let terms = handle.terms();
         loop {
-            let ending = self.stop.is_some() || self.failure.is_some() || self.doomed;
+            let ending = self.stop.is_some()
+                || self.failure.is_some()
+                || self.doomed.load(Ordering::Acquire);
             if ending && self.tasks.is_empty() {
                 return;
             }
@@ -178,7 +182,7 @@ impl ShardRuns {
                 next = terms.next(), if !ending => match next {
                     Ok(term) => {
                         let span = info_span!("shard", shard = term.shard(), token = %term.token());
-                        let task = shard_task(ctx.clone(), term, self.relay.subscribe());
+                        let task = shard_task(ctx.clone(), term, self.relay.subscribe(), self.doomed.clone());
                         self.tasks.spawn(task.instrument(span));
                     }
                     // Its shard terms are over: their commands are being stopped.
@@ -196,13 +200,12 @@ impl ShardRuns {
             self.stop = Some(sig);
         }
         if let Received::StepDown(StepDown::Notice) = got
-            && !self.doomed
+            && !self.doomed.swap(true, Ordering::AcqRel)
         {
             info!(
                 running = self.tasks.len(),
                 "a notice: stopping the command of every shard to hand the shards over"
             );
-            self.doomed = true;
         }
         let _ = self.relay.send(got);
     }
@@ -234,10 +237,15 @@ async fn shard_task(
     ctx: Arc<Ctx>,
     term: Term,
     mut relay: broadcast::Receiver<Received>,
+    doomed: Arc<AtomicBool>,
 ) -> Result<ShardEnd, Exit> {
     let mut pause = RESTART_FIRST;
     let mut runs = 0u64;
     loop {
+        if doomed.load(Ordering::Acquire) {
+            // A notice: never (again) a command on this machine; the shard is handed over.
+            return Ok(ShardEnd::default());
+        }
         if runs == 0 {
             info!("leading the shard; starting its command");
         } else {
@@ -252,6 +260,12 @@ async fn shard_task(
                 warn!("the supervisor died during the stop; the shard is left to expire");
                 return Ok(ShardEnd { keep: Some(term) });
             }
+            // A notice's stop, during which the supervisor died: as for a stop signal.
+            Outcome::SupervisorLost(None) if doomed.load(Ordering::Acquire) => {
+                warn!("the supervisor died during the step-down; the shard is left to expire");
+                return Ok(ShardEnd { keep: Some(term) });
+            }
+            _ if doomed.load(Ordering::Acquire) => return Ok(ShardEnd::default()),
             _ if !term.is_valid() => {
                 info!("the shard's term is over; its command has stopped");
                 return Ok(ShardEnd::default());

@@ -101,11 +101,15 @@ async fn campaign(
     ctx: &Ctx,
     signals: &mut Signals,
     lifecycle: &Lifecycle,
-    wait_until: Option<Instant>,
+    mut wait_until: Option<Instant>,
 ) -> Result<u8, Exit> {
     loop {
         let term = match next_term(&handle, signals, wait_until).await {
-            Waited::Term(term) => term,
+            // --wait is about the first term: a step-down or --supervise follows without it.
+            Waited::Term(term) => {
+                wait_until = None;
+                term
+            }
             Waited::Stop(sig) => {
                 info!(signal = %sig, "signal while waiting for the lease; stopping");
                 handle.shutdown().await;
@@ -121,9 +125,19 @@ async fn campaign(
             }
             Waited::Failed(e) => return Err(e),
         };
+        if lifecycle.doomed() {
+            // The notice came as the term began: the command is not started at all.
+            drop(term);
+            return Ok(doomed(handle, None, signals, lifecycle).await);
+        }
         info!(token = %term.token(), "became leader; starting the command");
         let outcome = supervise(ctx, &term, &mut Inbox::Signals(signals)).await?;
-        if lifecycle.doomed() && !matches!(outcome, Outcome::Signalled(_)) {
+        // A stop signal wins over the notice (exit 128+N at once, as without notices).
+        let stopped = matches!(
+            outcome,
+            Outcome::Signalled(_) | Outcome::SupervisorLost(Some(_))
+        );
+        if lifecycle.doomed() && !stopped {
             // With the supervisor gone, the lease is left to expire (`docs/protocol.md`):
             // the term is held through the shutdown, which then does not release it.
             let held = matches!(outcome, Outcome::SupervisorLost(_)).then_some(term);
