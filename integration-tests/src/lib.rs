@@ -18,6 +18,7 @@
 //! (for buckets, which the S3 store never creates). etcd and ZooKeeper are the real servers, not
 //! emulators; [`tcp_proxy`] puts byte-level faults between them and their clients.
 
+pub mod autoscaling;
 pub mod azure;
 pub mod chaos;
 pub mod docs;

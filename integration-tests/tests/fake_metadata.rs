@@ -8,11 +8,11 @@
     reason = "test code: a failure should fail the test"
 )]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use integration_tests::autoscaling::DedicatedMoto;
 use integration_tests::metadata::{Answer, FakeMetadata, Machine};
 use serde_json::{Value, json};
 
@@ -355,53 +355,13 @@ fn complete_lifecycle_action_is_recorded() {
     );
 }
 
-/// A dedicated moto (`scripts/emulators instance`), stopped on drop.
-struct Moto {
-    dir: PathBuf,
-    url: String,
-}
-
-impl Moto {
-    fn start(dir: &Path) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/emulators");
-        let out = Command::new(&script)
-            .args(["instance", "start", "moto"])
-            .arg(dir)
-            .args(["--empty", "--owner", &std::process::id().to_string()])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/emulators instance start moto: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
-        Self {
-            dir: dir.to_path_buf(),
-            url,
-        }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/emulators");
-        let _ = Command::new(script)
-            .args(["instance", "stop"])
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output();
-    }
-}
-
 #[test]
 fn other_autoscaling_actions_are_forwarded_to_the_upstream() {
-    let dir = tempfile::tempdir().unwrap();
-    let moto = Moto::start(&dir.path().join("moto"));
+    let Some(moto) = DedicatedMoto::start() else {
+        return;
+    };
     let machine = Machine {
-        autoscaling_upstream: Some(moto.url.clone()),
+        autoscaling_upstream: Some(moto.url().to_owned()),
         ..Machine::default()
     };
     let fake = FakeMetadata::start(&machine);

@@ -16,9 +16,10 @@
     reason = "test code: a failure should fail the test"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use integration_tests::autoscaling::{DedicatedMoto, MotoApi};
 use integration_tests::metadata::{FakeMetadata, Machine};
 use leader_notice::{AutoScaling, NoticeError, ProtectOn, protector};
 use serde_json::{Value, json};
@@ -83,167 +84,6 @@ fn run_child(test: &str, env: &[(&str, String)]) {
 
 // -- moto ---------------------------------------------------------------------------------
 
-/// A dedicated moto (`scripts/emulators instance start moto DIR --empty`), stopped on drop.
-struct Moto {
-    dir: PathBuf,
-    url: String,
-}
-
-impl Moto {
-    /// Starts one; `None` (the test skips) only if it cannot start and `LEADER_ALLOW_SKIP=1`.
-    fn start() -> Option<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "leader-notice-moto-{}-{}",
-            std::process::id(),
-            integration_tests::unique_name("m")
-        ));
-        let owner = std::process::id().to_string();
-        let dir_arg = dir.display().to_string();
-        match emulators(&[
-            "instance", "start", "moto", &dir_arg, "--empty", "--owner", &owner,
-        ]) {
-            Ok(url) => Some(Self { dir, url }),
-            Err(e) if std::env::var(integration_tests::ALLOW_SKIP_VAR).as_deref() == Ok("1") => {
-                eprintln!("SKIPPED: no moto: {e}");
-                None
-            }
-            Err(e) => panic!("{e} (set LEADER_ALLOW_SKIP=1 to skip)"),
-        }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let dir = self.dir.display().to_string();
-        let _ = emulators(&["instance", "stop", &dir]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `scripts/emulators ARGS`: its last line of output.
-fn emulators(args: &[&str]) -> Result<String, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/emulators");
-    let out = Command::new(&script)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if out.status.success() {
-        Ok(stdout.lines().last().unwrap_or_default().trim().to_owned())
-    } else {
-        Err(format!(
-            "`scripts/emulators {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// A Query API call to moto as a test's plain form POST. moto checks no signature, but picks
-/// the service by the Authorization header's credential scope.
-async fn aws(moto: &str, service: &str, params: &[(&str, &str)]) -> String {
-    let mut form = url::form_urlencoded::Serializer::new(String::new());
-    form.extend_pairs(params);
-    let response = reqwest::Client::new()
-        .post(format!("{moto}/"))
-        .header(
-            "authorization",
-            format!(
-                "AWS4-HMAC-SHA256 Credential=AKIDTEST/20240101/us-east-1/{service}/aws4_request, \
-                 SignedHeaders=host, Signature=00"
-            ),
-        )
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form.finish())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.text().await.unwrap();
-    assert!(status.is_success(), "{params:?}: {status} {body}");
-    body
-}
-
-/// The text of each `<tag>` of `xml`.
-fn xml_values(xml: &str, tag: &str) -> Vec<String> {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    xml.split(&open)
-        .skip(1)
-        .filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned()))
-        .collect()
-}
-
-/// A launch template and an Auto Scaling group of 3 in moto: the group's name and instances.
-async fn group_of_three(moto: &str) -> (String, Vec<String>) {
-    let group = "leaders";
-    aws(
-        moto,
-        "ec2",
-        &[
-            ("Action", "CreateLaunchTemplate"),
-            ("Version", "2016-11-15"),
-            ("LaunchTemplateName", "candidates"),
-            ("LaunchTemplateData.ImageId", "ami-12c6146b"),
-            ("LaunchTemplateData.InstanceType", "t3.micro"),
-        ],
-    )
-    .await;
-    aws(
-        moto,
-        "autoscaling",
-        &[
-            ("Action", "CreateAutoScalingGroup"),
-            ("Version", "2011-01-01"),
-            ("AutoScalingGroupName", group),
-            ("LaunchTemplate.LaunchTemplateName", "candidates"),
-            ("LaunchTemplate.Version", "$Latest"),
-            ("MinSize", "0"),
-            ("MaxSize", "3"),
-            ("DesiredCapacity", "3"),
-            ("AvailabilityZones.member.1", "us-east-1a"),
-        ],
-    )
-    .await;
-    let instances = instances(moto, group).await;
-    assert_eq!(instances.len(), 3, "{instances:?}");
-    (group.to_owned(), instances)
-}
-
-/// The instances of `group`, in moto's order.
-async fn instances(moto: &str, group: &str) -> Vec<String> {
-    let xml = aws(
-        moto,
-        "autoscaling",
-        &[
-            ("Action", "DescribeAutoScalingGroups"),
-            ("Version", "2011-01-01"),
-            ("AutoScalingGroupNames.member.1", group),
-        ],
-    )
-    .await;
-    xml_values(&xml, "InstanceId")
-}
-
-/// Whether moto says `instance` is protected from scale-in.
-async fn protected(moto: &str, instance: &str) -> bool {
-    let xml = aws(
-        moto,
-        "autoscaling",
-        &[
-            ("Action", "DescribeAutoScalingInstances"),
-            ("Version", "2011-01-01"),
-            ("InstanceIds.member.1", instance),
-        ],
-    )
-    .await;
-    match xml_values(&xml, "ProtectedFromScaleIn").as_slice() {
-        [flag] => flag == "true",
-        other => panic!("{instance}: {other:?} in {xml}"),
-    }
-}
-
 // -- the fake metadata service, from the child ---------------------------------------------
 
 async fn fake_state(fake: &str) -> Value {
@@ -297,13 +137,16 @@ async fn aws_protection_keeps_the_leader_through_a_scale_in() {
     if in_child() {
         return aws_case().await;
     }
-    let Some(moto) = Moto::start() else { return };
-    let (group, instances) = group_of_three(&moto.url).await;
+    let Some(moto) = DedicatedMoto::start() else {
+        return;
+    };
+    let group = "leaders".to_owned();
+    let instances = moto.api().group(&group, 3);
     // moto removes instances in its list order: unprotected, the first would go first.
     let leader = instances[0].clone();
     let fake = FakeMetadata::start(&Machine {
         aws_instance_id: leader.clone(),
-        autoscaling_upstream: Some(moto.url.clone()),
+        autoscaling_upstream: Some(moto.url().to_owned()),
         ..Machine::default()
     });
     run_child(
@@ -314,7 +157,7 @@ async fn aws_protection_keeps_the_leader_through_a_scale_in() {
             ("AWS_REGION", "us-east-1".to_owned()),
             ("AWS_ACCESS_KEY_ID", "AKIDTEST".to_owned()),
             ("AWS_SECRET_ACCESS_KEY", "not-a-secret".to_owned()),
-            ("TEST_MOTO", moto.url.clone()),
+            ("TEST_MOTO", moto.url().to_owned()),
             ("TEST_FAKE", fake.http_url()),
             ("TEST_GROUP", group.clone()),
             ("TEST_LEADER", leader.clone()),
@@ -333,7 +176,7 @@ async fn aws_protection_keeps_the_leader_through_a_scale_in() {
 }
 
 async fn aws_case() {
-    let (moto, fake) = (var("TEST_MOTO"), var("TEST_FAKE"));
+    let (moto, fake) = (MotoApi::new(&var("TEST_MOTO")), var("TEST_FAKE"));
     let (group, leader) = (var("TEST_GROUP"), var("TEST_LEADER"));
     let client = AutoScaling::from_env().await.unwrap();
     assert_eq!(
@@ -346,26 +189,17 @@ async fn aws_case() {
         described.contains(&leader) && described.contains(&group),
         "{described}"
     );
-    assert!(!protected(&moto, &leader).await);
+    // (moto's calls are blocking: a few milliseconds on loopback, in a test's runtime.)
+    assert!(!moto.protected(&leader));
 
     protection.set(true).await.unwrap();
-    assert!(protected(&moto, &leader).await);
+    assert!(moto.protected(&leader));
     protection.set(true).await.unwrap(); // idempotent
-    aws(
-        &moto,
-        "autoscaling",
-        &[
-            ("Action", "SetDesiredCapacity"),
-            ("Version", "2011-01-01"),
-            ("AutoScalingGroupName", &group),
-            ("DesiredCapacity", "1"),
-        ],
-    )
-    .await;
-    assert_eq!(instances(&moto, &group).await, vec![leader.clone()]);
+    moto.set_desired_capacity(&group, 1);
+    assert_eq!(moto.instances(&group), vec![leader.clone()]);
 
     protection.set(false).await.unwrap();
-    assert!(!protected(&moto, &leader).await);
+    assert!(!moto.protected(&leader));
 
     client
         .complete_lifecycle_action(&group, "drain", &leader)
