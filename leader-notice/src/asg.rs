@@ -46,13 +46,18 @@ pub struct AutoScaling {
     endpoint: Url,
     region: String,
     credentials: SharedCredentialsProvider,
-    /// The last credentials, reused until five minutes before they expire: the chain alone
-    /// caches nothing (the SDK clients do), and a web identity would cost an STS call each.
-    cached: std::sync::Mutex<Option<Credentials>>,
+    /// The last credentials and when they were loaded, reused for 15 minutes at most and
+    /// until five minutes before they expire: the chain alone caches nothing (the SDK clients
+    /// do), and a web identity would cost an STS call each. Dropped on a refusal.
+    cached: std::sync::Mutex<Option<(Credentials, tokio::time::Instant)>>,
 }
 
 /// How long before their expiry cached credentials are looked up again.
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
+
+/// How long cached credentials are used at most (as the SDKs' own cache does for
+/// credentials without an expiry, such as a profile's keys that may be rotated).
+const CACHE_AT_MOST: Duration = Duration::from_secs(900);
 
 impl fmt::Debug for AutoScaling {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -79,13 +84,14 @@ impl AutoScaling {
     /// Cancel-safe: it only reads settings.
     pub async fn from_env() -> Result<Self, NoticeError> {
         let setting = endpoint_setting();
-        let config = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(sdk_http_client())
-            .load()
-            .await;
         // The instance's own region first: its group lives there, whatever region the
         // environment names for the lease store. Its error says to set AWS_REGION.
         let region = crate::aws::region().await?;
+        let config = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(sdk_http_client())
+            .region(aws_config::Region::new(region.clone()))
+            .load()
+            .await;
         let credentials = config.credentials_provider().ok_or_else(|| {
             NoticeError::Config("no AWS credentials provider is configured".to_owned())
         })?;
@@ -220,7 +226,12 @@ impl AutoScaling {
                 .text()
                 .await
                 .map_err(|e| transport_error(action, &e))?;
-            answer(action, status, body)
+            let answered = answer(action, status, body);
+            if let Err(NoticeError::Denied { .. }) = &answered {
+                // Expired or revoked credentials: the next call loads them anew.
+                *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+            answered
         };
         tokio::time::timeout(CALL_TIMEOUT, exchange)
             .await
@@ -234,8 +245,10 @@ impl AutoScaling {
     }
 
     async fn credentials(&self, action: &str) -> Result<Credentials, NoticeError> {
-        let fresh = |c: &Credentials| c.expiry().is_none_or(|at| at > now() + REFRESH_BEFORE);
-        if let Some(c) = self
+        let fresh = |(c, at): &(Credentials, tokio::time::Instant)| {
+            at.elapsed() < CACHE_AT_MOST && c.expiry().is_none_or(|at| at > now() + REFRESH_BEFORE)
+        };
+        if let Some((c, _)) = self
             .cached
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -245,7 +258,8 @@ impl AutoScaling {
             return Ok(c.clone());
         }
         let loaded = self.load_credentials(action).await?;
-        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.clone());
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((loaded.clone(), tokio::time::Instant::now()));
         Ok(loaded)
     }
 

@@ -77,27 +77,43 @@ pub(crate) async fn region() -> Result<String, NoticeError> {
     use aws_config::environment::region::EnvironmentVariableRegionProvider;
     use aws_config::meta::region::RegionProviderChain;
     use aws_config::profile::region::ProfileFileRegionProvider;
-    let imds_error = match get(&imds_client(), REGION).await {
-        Err(e) => e,
-        Ok(region) => {
-            let region = region.trim();
-            if region.is_empty() || region.contains(char::is_whitespace) {
-                return Err(crate::http::malformed(
-                    SERVICE,
-                    "GET placement/region",
-                    "not a region",
-                    region,
-                ));
+    let disabled = std::env::var("AWS_EC2_METADATA_DISABLED")
+        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let no_imds = if disabled {
+        "AWS_EC2_METADATA_DISABLED is set".to_owned()
+    } else {
+        match imds_client().get(REGION).await {
+            Ok(region) => {
+                let region = String::from(region);
+                let region = region.trim();
+                if region.is_empty() || region.contains(char::is_whitespace) {
+                    return Err(crate::http::malformed(
+                        SERVICE,
+                        "GET placement/region",
+                        "not a region",
+                        region,
+                    ));
+                }
+                debug!(region, "this instance's region (IMDS)");
+                return Ok(region.to_owned());
             }
-            return Ok(region.to_owned());
+            // No IMDS at all (no token: not on EC2, or a hop limit of 1): off EC2, the
+            // configured region is the only one there is.
+            Err(e @ ImdsError::FailedToLoadToken(_)) => imds_error(REGION, &e).to_string(),
+            // IMDS is there but failed: its answer is the right region, so this is an error
+            // to retry, never a fallback to a region that may be another than the instance's.
+            Err(e) => return Err(imds_error(REGION, &e)),
         }
     };
     let chain = RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
         .or_else(ProfileFileRegionProvider::new());
     match chain.region().await {
-        Some(region) => Ok(region.to_string()),
+        Some(region) => {
+            debug!(region = %region, "the configured region (no instance metadata)");
+            Ok(region.to_string())
+        }
         None => Err(NoticeError::Config(format!(
-            "no AWS region: run on EC2 with IMDS reachable, or set AWS_REGION ({imds_error})"
+            "no AWS region: run on EC2 with IMDS reachable, or set AWS_REGION ({no_imds})"
         ))),
     }
 }

@@ -45,6 +45,17 @@ impl FromStr for Watch {
 /// of this long.
 const QUICK_LOOK: Duration = Duration::from_secs(1);
 
+/// Counts a source's first look once, in the watch's `looked`.
+struct FirstLook(Option<Arc<watch::Sender<usize>>>);
+
+impl FirstLook {
+    fn done(&mut self) {
+        if let Some(tx) = self.0.take() {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+}
+
 /// A source, shared by its polling task and [`NoticeWatch::approve`].
 type Shared = Arc<tokio::sync::Mutex<Box<dyn Source>>>;
 
@@ -132,11 +143,21 @@ impl NoticeWatcher {
             .into_iter()
             .map(|s| (s.cloud(), Arc::new(tokio::sync::Mutex::new(s))))
             .collect();
+        let (looked_tx, looked) = watch::channel(0usize);
+        let looked_tx = Arc::new(looked_tx);
         for (_, source) in &sources {
-            tasks.spawn(poll(source.clone(), tx.clone(), auto.clone(), self.every));
+            let first = FirstLook(Some(looked_tx.clone()));
+            tasks.spawn(poll(
+                source.clone(),
+                tx.clone(),
+                auto.clone(),
+                self.every,
+                first,
+            ));
         }
         Ok(NoticeWatch {
             rx,
+            looked,
             sources,
             _tasks: tasks,
         })
@@ -146,6 +167,8 @@ impl NoticeWatcher {
 /// A running watcher; dropping it stops the polling.
 pub struct NoticeWatch {
     rx: watch::Receiver<Option<Notice>>,
+    /// How many sources have made their first look (or found their service absent).
+    looked: watch::Receiver<usize>,
     sources: Vec<(Cloud, Shared)>,
     _tasks: JoinSet<()>,
 }
@@ -154,6 +177,19 @@ impl NoticeWatch {
     /// The notice, once one has come (the first one; later ones are not published).
     pub fn current(&self) -> Option<Notice> {
         self.rx.borrow().clone()
+    }
+
+    /// Waits until every watched service has answered its first look (or was found absent),
+    /// at most `within`: a program that waits for this before it campaigns does not win a
+    /// term on a machine whose notice is already out. (Azure's first request may take up to
+    /// two minutes: its enrolment.)
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn first_looks(&self, within: Duration) {
+        let total = self.sources.len();
+        let mut looked = self.looked.clone();
+        let _ = tokio::time::timeout(within, looked.wait_for(|n| *n >= total)).await;
     }
 
     /// Waits for the first notice for this instance (forever, if none comes).
@@ -205,6 +241,7 @@ async fn poll(
     tx: Arc<watch::Sender<Option<Notice>>>,
     auto: Option<Arc<AtomicUsize>>,
     every: Option<Duration>,
+    mut first: FirstLook,
 ) {
     let mut source = source.lock().await;
     let cloud = source.cloud();
@@ -224,6 +261,7 @@ async fn poll(
     let mut failures = 0u64;
     loop {
         let looked = tokio::time::Instant::now();
+        // The first look is counted after its notice (if any) is published.
         match source.look().await {
             Ok(Some(notice)) => {
                 ::metrics::counter!(metric::NOTICES, "cloud" => cloud.as_str(), "kind" => notice.kind.as_str()).increment(1);
@@ -235,6 +273,7 @@ async fn poll(
                     *n = Some(notice);
                     true
                 });
+                first.done();
                 return;
             }
             Ok(None) => {
@@ -255,6 +294,7 @@ async fn poll(
                 }
             }
         }
+        first.done();
         let pause = match (cloud, every) {
             (Cloud::Gcp, _) => source.pause(),
             (_, Some(every)) => every,
