@@ -118,7 +118,7 @@ impl LifecycleArgs {
         Ok(())
     }
 
-    fn check(&self) -> Result<(), Exit> {
+    pub(crate) fn check(&self) -> Result<(), Exit> {
         let aws = matches!(
             self.watch_notices.0,
             Some(Watch::Auto | Watch::Only(leader::notice::Cloud::Aws))
@@ -195,6 +195,9 @@ enum Protecting {
     Background(tokio::task::JoinHandle<Option<Protection>>),
 }
 
+/// How long `leader run` waits at start-up for the first look at each metadata service.
+const FIRST_LOOKS_WITHIN: Duration = Duration::from_secs(3);
+
 /// How long `leader run` waits at start-up to find what to protect before it goes on and
 /// keeps looking in the background.
 const DISCOVER_WITHIN: Duration = Duration::from_secs(15);
@@ -215,6 +218,10 @@ impl Lifecycle {
                     watcher = watcher.poll_every(every).map_err(config)?;
                 }
                 let watch = Arc::new(watcher.spawn().map_err(config)?);
+                // Not campaigning on a machine whose notice is already out (a restart there):
+                // the first looks, briefly (Azure's enrolment may take longer; then the check
+                // as each term begins still keeps the command from starting).
+                watch.first_looks(FIRST_LOOKS_WITHIN).await;
                 let tx = signals.sender();
                 let w = watch.clone();
                 tokio::spawn(async move {
@@ -268,7 +275,7 @@ impl Lifecycle {
             Ok(true) => {
                 info!(event = ?notice.event_id, "approved this instance's event: it may go now")
             }
-            Ok(false) if notice.event_id.is_some() => info!(
+            Ok(false) if notice.event_id.is_some() && !notice.only_this_instance => info!(
                 event = ?notice.event_id,
                 "the event names other machines too: not approved (it starts at its own time)"
             ),
@@ -378,8 +385,17 @@ async fn complete_hook(hook: &str) -> Result<(String, String), NoticeError> {
     Ok((group, instance))
 }
 
+impl Lifecycle {
+    /// After the handover (or instead of campaigning, on a machine whose notice was out at
+    /// start-up): lets the platform go ahead, then waits for the stop signal; the exit code.
+    pub(crate) async fn stand_down(&self, signals: &mut Signals) -> u8 {
+        self.after_handover().await;
+        128 + wait_for_stop(signals).await as u8
+    }
+}
+
 /// After a notice: nothing to do but wait for the stop signal that the shutdown sends.
-pub(crate) async fn wait_for_stop(signals: &mut Signals) -> Signal {
+async fn wait_for_stop(signals: &mut Signals) -> Signal {
     info!("this instance is going away; not campaigning, waiting for the stop signal");
     loop {
         if let Received::Stop(sig) = signals.recv().await {

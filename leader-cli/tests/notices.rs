@@ -26,14 +26,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{LEADER, alive, descendants, exit_status, signal, wait_for};
+use integration_tests::autoscaling::DedicatedMoto;
 use integration_tests::metadata::{FakeMetadata, Machine};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -70,6 +69,8 @@ struct Line {
     token: u64,
     pid: i32,
     unix_ns: u128,
+    /// `LEADER_SHARD`, in sharded runs (a sixth field).
+    shard: Option<u32>,
 }
 
 fn now_unix_ns() -> u128 {
@@ -188,12 +189,7 @@ impl Case {
     /// command notes its start, each SIGUSR1, and its stop at SIGTERM. Its own process group,
     /// as a shell starts it.
     fn spawn(&mut self, id: &str, fake: Option<&FakeMetadata>, args: &[&str]) -> Instance {
-        let log = self.log().display().to_string();
-        let note = |kind: &str| {
-            format!(
-                "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $$ $(date +%s%N)\" >> {log}"
-            )
-        };
+        let note = |kind: &str| self.note(kind, "");
         let script = format!(
             "trap '{stop}; exit 0' TERM; trap '{usr1}' USR1; {start}; \
              while :; do sleep 0.05; done",
@@ -201,12 +197,31 @@ impl Case {
             usr1 = note("usr1"),
             start = note("start"),
         );
+        self.spawn_script(id, fake, args, &script)
+    }
+
+    /// A shell line that appends `KIND HOLDER TOKEN PID REALTIME_NS` and `extra` to the log.
+    fn note(&self, kind: &str, extra: &str) -> String {
+        format!(
+            "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $$ $(date +%s%N){extra}\" >> {}",
+            self.log().display()
+        )
+    }
+
+    /// `leader run --id ID ARGS -- sh -c SCRIPT` on the case's store, as [`spawn`](Self::spawn).
+    fn spawn_script(
+        &mut self,
+        id: &str,
+        fake: Option<&FakeMetadata>,
+        args: &[&str],
+        script: &str,
+    ) -> Instance {
         let mut command = Command::new(LEADER);
         command
             .args(["run", "--store", &self.store, "--id", id])
             .args(TIMING)
             .args(args)
-            .args(["--", "sh", "-c", &script]);
+            .args(["--", "sh", "-c", script]);
         self.environment(&mut command, fake);
         let child = command
             .stdin(Stdio::null())
@@ -383,13 +398,14 @@ fn parse_log(log: &Path) -> Vec<Line> {
         .lines()
         .map(|l| {
             let p: Vec<&str> = l.split(' ').collect();
-            assert_eq!(p.len(), 5, "malformed line {l:?}");
+            assert!(p.len() == 5 || p.len() == 6, "malformed line {l:?}");
             Line {
                 kind: p[0].to_owned(),
                 holder: p[1].to_owned(),
                 token: p[2].parse().unwrap(),
                 pid: p[3].parse().unwrap(),
                 unix_ns: p[4].parse().unwrap(),
+                shard: p.get(5).map(|s| s.parse().unwrap()),
             }
         })
         .collect()
@@ -541,6 +557,24 @@ fn a_notice_on_a_follower_stops_its_campaign_and_leaves_the_leader_alone() {
     assert_eq!(case.starts().len(), 1);
 }
 
+/// A process started on a machine whose notice is already out (a restart there, say by
+/// systemd) never takes the lease, not even for a moment: it looks at the metadata service
+/// before it campaigns. Alone on the key, it would otherwise win at once.
+#[test]
+fn an_instance_started_on_a_doomed_machine_never_takes_the_lease() {
+    let mut case = Case::new();
+    let fake = FakeMetadata::start(&Machine::default());
+    fake.raise(json!({"cloud": "aws", "kind": "spot"}));
+    let a = case.spawn("a", Some(&fake), &watching("aws"));
+    case.wait_logged("a", NOTICE_SEEN);
+    std::thread::sleep(TTL);
+    let log = case.stderr("a");
+    assert!(!log.contains("acquired the lease"), "{log}");
+    assert!(case.starts().is_empty(), "{:?}", case.lines());
+    assert!(alive(a.pid()), "{log}");
+    case.stop(a);
+}
+
 /// A notice path that hangs, then answers garbage, on the leader's machine: for about four
 /// ttls the leader keeps its one term (a follower is ready to take over should a renewal be
 /// late), no garbage is taken for a notice; cleared, a real notice still hands over.
@@ -686,178 +720,12 @@ fn without_the_flag_sigusr1_is_passed_on_to_the_command() {
 
 // -- Auto Scaling, with moto --------------------------------------------------------------
 
-/// A dedicated moto (`scripts/emulators instance start moto DIR --empty`), stopped on drop.
-struct Moto {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
-impl Moto {
-    /// Starts one; `None` (the test skips) only if it cannot and `LEADER_ALLOW_SKIP=1`.
-    fn start() -> Option<Self> {
-        let dir = tempfile::tempdir().unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/emulators");
-        let out = Command::new(&script)
-            .args(["instance", "start", "moto"])
-            .arg(dir.path().join("moto"))
-            .args(["--empty", "--owner", &std::process::id().to_string()])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let url = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
-        if !out.status.success() || !url.starts_with("http://127.0.0.1:") {
-            let why = String::from_utf8_lossy(&out.stderr).into_owned();
-            if std::env::var(integration_tests::ALLOW_SKIP_VAR).as_deref() == Ok("1") {
-                eprintln!("SKIPPED: no moto: {why}");
-                return None;
-            }
-            panic!("scripts/emulators instance start moto: {why} (LEADER_ALLOW_SKIP=1 skips)");
-        }
-        Some(Self { dir, url })
-    }
-
-    /// A Query API call as a plain form POST (moto checks no signature; it picks the service
-    /// from the credential scope). Returns the answer's body; fails the test on another
-    /// status than 200.
-    fn call(&self, service: &str, params: &[(&str, &str)]) -> String {
-        let authority = self.url.trim_start_matches("http://");
-        let body: Vec<String> = params
-            .iter()
-            .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
-            .collect();
-        let body = body.join("&");
-        let mut stream = TcpStream::connect(authority).unwrap();
-        stream.set_read_timeout(Some(LIMIT)).unwrap();
-        write!(
-            stream,
-            "POST / HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\
-             Content-Type: application/x-www-form-urlencoded\r\n\
-             Authorization: AWS4-HMAC-SHA256 Credential=AKIDTEST/20240101/us-east-1/{service}/\
-             aws4_request, SignedHeaders=host, Signature=00\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        let status = answer.split_whitespace().nth(1).unwrap_or_default();
-        assert_eq!(status, "200", "{params:?}: {answer}");
-        answer
-    }
-
-    fn autoscaling(&self, action: &str, params: &[(&str, &str)]) -> String {
-        let mut all = vec![("Action", action), ("Version", "2011-01-01")];
-        all.extend_from_slice(params);
-        self.call("autoscaling", &all)
-    }
-
-    /// A launch template and an Auto Scaling group of `size`: the group's instances.
-    fn group(&self, name: &str, size: usize) -> Vec<String> {
-        self.call(
-            "ec2",
-            &[
-                ("Action", "CreateLaunchTemplate"),
-                ("Version", "2016-11-15"),
-                ("LaunchTemplateName", name),
-                ("LaunchTemplateData.ImageId", "ami-12c6146b"),
-                ("LaunchTemplateData.InstanceType", "t3.micro"),
-            ],
-        );
-        let size = size.to_string();
-        self.autoscaling(
-            "CreateAutoScalingGroup",
-            &[
-                ("AutoScalingGroupName", name),
-                ("LaunchTemplate.LaunchTemplateName", name),
-                ("LaunchTemplate.Version", "$Latest"),
-                ("MinSize", "0"),
-                ("MaxSize", &size),
-                ("DesiredCapacity", &size),
-                ("AvailabilityZones.member.1", "us-east-1a"),
-            ],
-        );
-        let instances = self.instances(name);
-        assert_eq!(instances.len().to_string(), size, "{instances:?}");
-        instances
-    }
-
-    /// The instances of `group`, in moto's order.
-    fn instances(&self, group: &str) -> Vec<String> {
-        let xml = self.autoscaling(
-            "DescribeAutoScalingGroups",
-            &[("AutoScalingGroupNames.member.1", group)],
-        );
-        xml_values(&xml, "InstanceId")
-    }
-
-    /// Whether moto has `instance` protected from scale-in (`DescribeAutoScalingInstances`).
-    fn protected(&self, instance: &str) -> bool {
-        let xml = self.autoscaling(
-            "DescribeAutoScalingInstances",
-            &[("InstanceIds.member.1", instance)],
-        );
-        match xml_values(&xml, "ProtectedFromScaleIn").as_slice() {
-            [flag] => flag == "true",
-            other => panic!("{instance}: {other:?} in {xml}"),
-        }
-    }
-
-    fn set_protected(&self, group: &str, instance: &str, on: bool) {
-        self.autoscaling(
-            "SetInstanceProtection",
-            &[
-                ("AutoScalingGroupName", group),
-                ("InstanceIds.member.1", instance),
-                ("ProtectedFromScaleIn", if on { "true" } else { "false" }),
-            ],
-        );
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/emulators");
-        let _ = Command::new(script)
-            .args(["instance", "stop"])
-            .arg(self.dir.path().join("moto"))
-            .stdin(Stdio::null())
-            .output();
-    }
-}
-
-fn form_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The text of each `<tag>` of `xml`.
-fn xml_values(xml: &str, tag: &str) -> Vec<String> {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    xml.split(&open)
-        .skip(1)
-        .filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned()))
-        .collect()
-}
-
 /// The fake machine of one instance of a moto group: its instance id, Auto Scaling forwarded
 /// to moto.
-fn group_machine(moto: &Moto, instance: &str) -> Machine {
+fn group_machine(moto: &DedicatedMoto, instance: &str) -> Machine {
     Machine {
         aws_instance_id: instance.to_owned(),
-        autoscaling_upstream: Some(moto.url.clone()),
+        autoscaling_upstream: Some(moto.url().to_owned()),
         ..Machine::default()
     }
 }
@@ -867,11 +735,14 @@ fn group_machine(moto: &Moto, instance: &str) -> Machine {
 /// with CONTINUE, once.
 #[test]
 fn a_scale_in_notice_hands_over_and_completes_the_lifecycle_hook() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(dedicated) = DedicatedMoto::start() else {
+        return;
+    };
+    let moto = dedicated.api();
     let ids = moto.group("workers", 2);
     let mut case = Case::new();
-    let fake_a = FakeMetadata::start(&group_machine(&moto, &ids[0]));
-    let fake_b = FakeMetadata::start(&group_machine(&moto, &ids[1]));
+    let fake_a = FakeMetadata::start(&group_machine(&dedicated, &ids[0]));
+    let fake_b = FakeMetadata::start(&group_machine(&dedicated, &ids[1]));
     let mut args = watching("aws");
     args.extend(["--complete-lifecycle-hook", "drain"]);
     let (a, b, first) = case.elect(("a", Some(&fake_a)), ("b", Some(&fake_b)), &args);
@@ -922,13 +793,16 @@ fn parent_of(pid: i32) -> i32 {
 /// sets it once it leads, and clears it at exit.
 #[test]
 fn protection_follows_the_leader_through_step_down_scale_in_and_a_crash() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(dedicated) = DedicatedMoto::start() else {
+        return;
+    };
+    let moto = dedicated.api();
     let group = "leaders";
     let ids = moto.group(group, 3);
     let mut case = Case::new();
     let fakes: Vec<FakeMetadata> = ids
         .iter()
-        .map(|id| FakeMetadata::start(&group_machine(&moto, id)))
+        .map(|id| FakeMetadata::start(&group_machine(&dedicated, id)))
         .collect();
     let args = [
         "--protect-leader",
@@ -972,10 +846,7 @@ fn protection_follows_the_leader_through_step_down_scale_in_and_a_crash() {
     assert!(alive(a.pid()));
 
     // Scale-in to 1: moto removes the two unprotected instances, the followers'.
-    moto.autoscaling(
-        "SetDesiredCapacity",
-        &[("AutoScalingGroupName", group), ("DesiredCapacity", "1")],
-    );
+    moto.set_desired_capacity(group, 1);
     wait_for("the scale-in", LIMIT, || moto.instances(group).len() == 1);
     assert_eq!(moto.instances(group), vec![ids[x].clone()]);
     // Their machines shut down: SIGTERM, as a real scale-in sends.
@@ -1031,4 +902,298 @@ fn protection_follows_the_leader_through_step_down_scale_in_and_a_crash() {
     // Stopped, it clears the mark at exit.
     case.stop(again);
     assert!(!moto.protected(&ids[x]), "the mark outlived the run");
+}
+
+// -- Sharded runs, and the fixes of the safety review ----------------------------------------
+
+impl Case {
+    /// `leader run --id ID ARGS` (with `--shards` in `args`) whose command notes its shard too:
+    /// its start, and its stop at SIGTERM.
+    fn spawn_sharded(&mut self, id: &str, fake: Option<&FakeMetadata>, args: &[&str]) -> Instance {
+        let note = |kind: &str| self.note(kind, " $LEADER_SHARD");
+        let script = format!(
+            "trap '{stop}; exit 0' TERM; {start}; while :; do sleep 0.05; done",
+            stop = note("stop"),
+            start = note("start"),
+        );
+        self.spawn_script(id, fake, args, &script)
+    }
+
+    /// As [`spawn_sharded`](Self::spawn_sharded), with a command that notes SIGTERM (`term`)
+    /// and runs on: only SIGKILL ends it.
+    fn spawn_stubborn(&mut self, id: &str, fake: Option<&FakeMetadata>, args: &[&str]) -> Instance {
+        let note = |kind: &str| self.note(kind, " $LEADER_SHARD");
+        let script = format!(
+            "trap '{term}' TERM; {start}; while :; do sleep 0.05; done",
+            term = note("term"),
+            start = note("start"),
+        );
+        self.spawn_script(id, fake, args, &script)
+    }
+
+    /// The commands that run now (started, not stopped, alive), checking that no shard has
+    /// two.
+    fn running(&self) -> Vec<Line> {
+        let lines = self.lines();
+        let running: Vec<Line> = lines
+            .iter()
+            .filter(|l| l.kind == "start" && alive(l.pid))
+            .filter(|l| !lines.iter().any(|s| s.kind == "stop" && s.pid == l.pid))
+            .cloned()
+            .collect();
+        let mut shards: Vec<Option<u32>> = running.iter().map(|l| l.shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        assert_eq!(
+            shards.len(),
+            running.len(),
+            "two commands run for one shard: {running:?}"
+        );
+        running
+    }
+
+    /// Each shard's lines on their own have no overlap of terms (tokens are per shard).
+    fn assert_no_overlap_per_shard(&self, shards: u32) {
+        let lines = self.lines();
+        for shard in 0..shards {
+            let of_shard: Vec<Line> = lines
+                .iter()
+                .filter(|l| l.shard == Some(shard))
+                .cloned()
+                .collect();
+            assert_no_overlap(&of_shard);
+        }
+    }
+
+    /// How many commands `id` has started.
+    fn starts_of(&self, id: &str) -> usize {
+        self.starts().iter().filter(|l| l.holder == id).count()
+    }
+}
+
+/// `--shards` and the notice flags of a sharded instance.
+fn sharded_watching(shards: &'static str) -> Vec<&'static str> {
+    let mut args = vec!["--shards", shards];
+    args.extend(watching("aws"));
+    args
+}
+
+/// Two instances share two shards; a Spot notice on one of them: each shard it led is led by
+/// the other soon after, at a higher token, once its command had stopped; the doomed
+/// instance never starts a command again (it runs on, and exits 128+15 on SIGTERM), and the
+/// other instance's own shard is left alone.
+#[test]
+fn a_notice_hands_every_shard_over_and_no_command_starts_again() {
+    let mut case = Case::new();
+    let fake_a = FakeMetadata::start(&Machine::default());
+    let fake_b = FakeMetadata::start(&Machine::default());
+    let args = sharded_watching("2");
+    let a = case.spawn_sharded("a", Some(&fake_a), &args);
+    wait_for("a leads both shards", LIMIT, || case.running().len() == 2);
+    let b = case.spawn_sharded("b", Some(&fake_b), &args);
+    for id in ["a", "b"] {
+        case.wait_logged(id, "watching for scale-in and preemption notices");
+    }
+    // Whatever the balancing gives within a generous limit (normally one shard each); a
+    // leads at least one, having led both first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline && !case.running().iter().any(|l| l.holder == "b") {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_for("both shards led", LIMIT, || case.running().len() == 2);
+    std::thread::sleep(SEVERAL_POLLS);
+    let before = case.running();
+    assert_eq!(before.len(), 2, "{before:?}");
+    let (doomed, kept): (Vec<Line>, Vec<Line>) = before.into_iter().partition(|l| l.holder == "a");
+    assert!(!doomed.is_empty(), "a leads no shard: {kept:?}");
+    eprintln!(
+        "a leads {:?}, b {:?}",
+        doomed.iter().map(|l| l.shard).collect::<Vec<_>>(),
+        kept.iter().map(|l| l.shard).collect::<Vec<_>>()
+    );
+    let a_starts = case.starts_of("a");
+
+    random_phase();
+    let raised = now_unix_ns();
+    fake_a.raise(json!({"cloud": "aws", "kind": "spot"}));
+    wait_for("b leads every shard", LIMIT, || {
+        let running = case.running();
+        running.len() == 2 && running.iter().all(|l| l.holder == "b")
+    });
+    let lines = case.lines();
+    for old in &doomed {
+        let new = lines
+            .iter()
+            .find(|l| l.kind == "start" && l.shard == old.shard && l.token > old.token)
+            .unwrap_or_else(|| panic!("shard {:?} not taken over: {lines:?}", old.shard));
+        assert_eq!(new.holder, "b", "{lines:?}");
+        let stopped = lines
+            .iter()
+            .position(|l| l.kind == "stop" && l.pid == old.pid);
+        let started = lines.iter().position(|l| l == new).unwrap();
+        assert!(
+            stopped.is_some_and(|s| s < started),
+            "a's command of shard {:?} must stop before b's starts: {lines:?}",
+            old.shard
+        );
+        assert!(!alive(old.pid), "a's command {} survives", old.pid);
+        eprintln!(
+            "MEASURED sharded notice -> shard {:?} led by b: {:.3} s",
+            old.shard,
+            seconds_since(raised, new)
+        );
+    }
+    for own in &kept {
+        assert!(
+            case.running().contains(own),
+            "b's own shard was disturbed: {:?}",
+            case.lines()
+        );
+    }
+    case.assert_no_overlap_per_shard(2);
+    case.wait_logged("a", "handed over every shard after the notice");
+    let log = case.stderr("a");
+    assert!(log.contains(NOTICE_SEEN), "{log}");
+
+    // a never starts a command again: over more than a ttl, while b leads both shards.
+    std::thread::sleep(TTL + Duration::from_secs(1));
+    assert_eq!(
+        case.starts_of("a"),
+        a_starts,
+        "a started a command after its notice: {:?}",
+        case.lines()
+    );
+    assert!(alive(a.pid()), "a exited after its notice:\n{log}");
+    assert!(case.running().iter().all(|l| l.holder == "b"));
+    case.stop(a);
+    case.stop(b);
+    case.assert_no_overlap_per_shard(2);
+}
+
+/// SIGTERM to `instance`, whose commands may ignore it: it exits 128+15 (within the grace).
+fn stop_ignoring(case: &Case, mut instance: Instance) {
+    signal(&instance.child, Signal::SIGTERM);
+    assert_eq!(
+        exit_status(&mut instance.child, EXIT_LIMIT),
+        Ok(128 + 15),
+        "{}: {}",
+        instance.id,
+        case.stderr(&instance.id)
+    );
+}
+
+/// A notice's stop of a shard's command that ignores SIGTERM, and the shard's supervisor
+/// SIGKILLed during that stop: the command is not started again (the notice stands), and
+/// the shard is left to expire, not released: another instance takes it by expiry.
+#[test]
+fn after_a_notice_a_supervisor_killed_during_the_stop_does_not_restart_the_command() {
+    let mut case = Case::new();
+    let fake_a = FakeMetadata::start(&Machine::default());
+    let fake_b = FakeMetadata::start(&Machine::default());
+    let mut args = sharded_watching("1");
+    // The stop of a command that ignores SIGTERM lasts the grace: time to kill the supervisor.
+    args.extend(["--grace", "1500ms"]);
+    let a = case.spawn_stubborn("a", Some(&fake_a), &args);
+    wait_for("a leads shard 0", LIMIT, || !case.starts().is_empty());
+    case.wait_logged("a", "watching for scale-in and preemption notices");
+    let first = case.starts()[0].clone();
+    assert_eq!((first.holder.as_str(), first.shard), ("a", Some(0)));
+    let supervisor = parent_of(first.pid);
+    assert!(descendants(a.pid()).contains(&supervisor));
+    let cmdline = std::fs::read_to_string(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert!(cmdline.contains("__supervise"), "{cmdline:?}");
+
+    fake_a.raise(json!({"cloud": "aws", "kind": "spot"}));
+    wait_for("the command's SIGTERM", LIMIT, || {
+        case.lines()
+            .iter()
+            .any(|l| l.kind == "term" && l.pid == first.pid)
+    });
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    let killed = now_unix_ns();
+    wait_for("a's command gone with its supervisor", LIMIT, || {
+        !alive(first.pid) && !alive(supervisor)
+    });
+    // The other instance may campaign meanwhile: a keeps the shard until its term expires.
+    let b = case.spawn_stubborn("b", Some(&fake_b), &args);
+
+    // Several restart pauses (1 s, then 2 s): no command of a's again.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        case.starts_of("a"),
+        1,
+        "a started the command again after its notice: {:?}\n{}",
+        case.lines(),
+        case.stderr("a")
+    );
+    let log = case.stderr("a");
+    assert!(
+        log.contains("the supervisor died during the step-down; the shard is left to expire"),
+        "{log}"
+    );
+    assert!(alive(a.pid()), "a exited after its notice:\n{log}");
+
+    wait_for("b leads shard 0", LIMIT, || {
+        case.starts().iter().any(|l| l.holder == "b")
+    });
+    let lines = case.lines();
+    let second = lines
+        .iter()
+        .find(|l| l.kind == "start" && l.holder == "b")
+        .unwrap();
+    assert_eq!(second.shard, Some(0));
+    assert!(second.token > first.token, "{lines:?}");
+    assert!(second.unix_ns > killed);
+    case.assert_no_overlap_per_shard(1);
+    // Left to expire: b took a's records over by expiry, not after a release.
+    let log_b = case.stderr("b");
+    assert!(log_b.contains(EXPIRY_TAKEOVER), "{log_b}");
+    eprintln!(
+        "MEASURED supervisor killed during the notice's stop -> shard led by b: {:.3} s",
+        seconds_since(killed, second)
+    );
+    case.wait_logged("a", "handed over every shard after the notice");
+    assert_eq!(case.starts_of("a"), 1, "{:?}", case.lines());
+    stop_ignoring(&case, a);
+    stop_ignoring(&case, b);
+}
+
+/// `--wait` is about the first term: after a step-down, the instance follows without it (it
+/// does not exit 73 as though it had waited too long) and leads again once the other
+/// instance is gone.
+#[test]
+fn step_down_with_wait_keeps_following() {
+    let mut case = Case::new();
+    let spawned = std::time::Instant::now();
+    let mut a = case.spawn("a", None, &["--wait", "2s", "--step-down-on", "USR1"]);
+    wait_for("a's command", LIMIT, || !case.starts().is_empty());
+    let b = case.spawn("b", None, &[]);
+    case.wait_logged("b", "campaigning");
+    // Past the --wait of a (which it met).
+    let past_wait = Duration::from_secs(3);
+    std::thread::sleep(
+        past_wait
+            .saturating_sub(spawned.elapsed())
+            .max(SEVERAL_POLLS),
+    );
+    let first = case.starts()[0].clone();
+    assert_eq!(first.holder, "a");
+    case.assert_still_leads(&first);
+
+    signal(&a.child, Signal::SIGUSR1);
+    let second = case.next_term(&first, "b");
+    case.assert_by_release("b");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        a.child.try_wait().unwrap(),
+        None,
+        "a exited after its step-down:\n{}",
+        case.stderr("a")
+    );
+    case.assert_still_leads(&second);
+
+    case.stop(b);
+    let third = case.next_term(&second, "a");
+    assert!(third.token > second.token);
+    case.stop(a);
 }

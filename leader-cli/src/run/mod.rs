@@ -209,6 +209,8 @@ pub(crate) async fn run(args: RunArgs, log_format: &'static str) -> Result<u8, E
     if args.shards.is_some() {
         check_sharded_flags(&args)?;
     }
+    // Before the store is opened or a key joined.
+    args.lifecycle.check()?;
     let source = match args.store.as_slice() {
         [one] => single::Source::One(store::parse(one)?),
         several => {

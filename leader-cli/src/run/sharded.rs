@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{Plan, RunArgs, campaign_failed, config_error, first_read};
-use crate::lifecycle::{self, Lifecycle};
+use crate::lifecycle::Lifecycle;
 use crate::signals::{Inbox, Received, Signals, StepDown};
 use crate::store::{self, StoreUrl};
 use crate::supervise::client::{Ctx, Outcome, become_subreaper, supervise};
@@ -55,8 +55,16 @@ pub(super) async fn run(
     shards: u32,
     plan: Plan,
 ) -> Result<u8, Exit> {
-    let (handle, ctx, mut signals) = join(args, url, shards, plan).await?;
+    // Before joining: on a machine whose notice is already out, no shard is taken.
+    let mut signals = Signals::new()?;
     let lifecycle = Lifecycle::start(&args.lifecycle, &mut signals).await?;
+    if lifecycle.doomed() {
+        info!("a notice for this machine is already out: not joining the sharded key");
+        let code = lifecycle.stand_down(&mut signals).await;
+        lifecycle.finish().await;
+        return Ok(code);
+    }
+    let (handle, ctx) = join(args, url, shards, plan).await?;
     let mut runs = ShardRuns::default();
     runs.until_stopped(&handle, &ctx, &mut signals).await;
     info!("every shard's command has stopped; leaving the sharded key");
@@ -67,8 +75,7 @@ pub(super) async fn run(
         (None, Some(sig)) => Ok(128 + sig as u8),
         (None, None) if runs.doomed.load(Ordering::Acquire) => {
             info!("handed over every shard after the notice");
-            lifecycle.after_handover().await;
-            Ok(128 + lifecycle::wait_for_stop(&mut signals).await as u8)
+            Ok(lifecycle.stand_down(&mut signals).await)
         }
         (None, None) => Ok(exit::LOST),
     };
@@ -82,7 +89,7 @@ async fn join(
     url: &StoreUrl,
     shards: u32,
     plan: Plan,
-) -> Result<(ShardedHandle, Arc<Ctx>, Signals), Exit> {
+) -> Result<(ShardedHandle, Arc<Ctx>), Exit> {
     let (store, key) = store::open(url, &args.store_options).await?;
     let mut builder =
         ShardedElector::builder(store.clone(), key.clone(), shards).timing(plan.timing);
@@ -99,7 +106,6 @@ async fn join(
     )
     .await?;
 
-    let signals = Signals::new()?;
     let handle = elector.spawn();
     if let Some(e) = plan.endpoint {
         let instance = endpoints::Instance {
@@ -128,7 +134,7 @@ async fn join(
         store = %args.store_text(), holder = %ctx.holder, shards, ttl = ?timing.ttl,
         grace = ?plan.grace, "joining the sharded key"
     );
-    Ok((handle, ctx, signals))
+    Ok((handle, ctx))
 }
 
 /// The tasks of the led shards, one per shard term, and how the run is ending.

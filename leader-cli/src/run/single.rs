@@ -54,6 +54,14 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
 
     let mut signals = Signals::new()?.step_down_on(args.lifecycle.step_down_on);
     let mut lifecycle = Lifecycle::start(&args.lifecycle, &mut signals).await?;
+    if lifecycle.doomed() {
+        // This machine's notice was out before campaigning (a restart on it): the elector
+        // never starts, so the lease is not taken even for a moment.
+        info!("a notice for this machine is already out: not campaigning");
+        let code = lifecycle.stand_down(&mut signals).await;
+        lifecycle.finish().await;
+        return Ok(code);
+    }
     let handle = elector.spawn();
     lifecycle.protect(lifecycle::leading(&handle));
     let holder = handle.holder_id().clone();
@@ -174,8 +182,7 @@ async fn doomed(
         }
         None => info!("handed over (the lease is released) after the notice"),
     }
-    lifecycle.after_handover().await;
-    128 + lifecycle::wait_for_stop(signals).await as u8
+    lifecycle.stand_down(signals).await
 }
 
 /// How waiting for a term ended.
