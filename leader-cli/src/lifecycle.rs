@@ -164,13 +164,13 @@ impl LifecycleArgs {
 }
 
 /// The shortest `--protect-every`: each period is one call to the cloud's control plane.
-const MIN_PROTECT_EVERY: Duration = Duration::from_secs(1);
+const MIN_PROTECT_EVERY: Duration = Protection::MIN_EVERY;
 
 /// The longest `--protect-every`: a stale mark is undone within the hour.
 const MAX_PROTECT_EVERY: Duration = Duration::from_secs(3600);
 
 /// The bounds of `--notice-poll`.
-const MIN_NOTICE_POLL: Duration = Duration::from_millis(100);
+const MIN_NOTICE_POLL: Duration = NoticeWatcher::MIN_POLL;
 const MAX_NOTICE_POLL: Duration = Duration::from_secs(60);
 
 fn usage(message: String) -> Result<(), Exit> {
@@ -203,10 +203,10 @@ const FIRST_LOOKS_WITHIN: Duration = Duration::from_secs(3);
 const DISCOVER_WITHIN: Duration = Duration::from_secs(15);
 
 impl Lifecycle {
-    /// Checks the flags, finds what to protect (a permanent error ends the run now), and
-    /// starts the notice watcher, whose notice arrives through `signals` as a step-down.
+    /// Finds what to protect (a permanent error ends the run now), and starts the notice
+    /// watcher, whose notice arrives through `signals` as a step-down. The flags were checked
+    /// before the store was opened (`LifecycleArgs::check`, from `run`).
     pub(crate) async fn start(args: &LifecycleArgs, signals: &mut Signals) -> Result<Self, Exit> {
-        args.check()?;
         let protection = match args.protect_leader {
             Some(on) => Some(discover(on).await?),
             None => None,
@@ -299,6 +299,13 @@ impl Lifecycle {
         }
     }
 
+    /// After the handover (or instead of campaigning, on a machine whose notice was out at
+    /// start-up): lets the platform go ahead, then waits for the stop signal; the exit code.
+    pub(crate) async fn stand_down(&self, signals: &mut Signals) -> u8 {
+        self.after_handover().await;
+        128 + wait_for_stop(signals).await as u8
+    }
+
     /// Clears the protection (for the end of the run).
     pub(crate) async fn finish(self) {
         match self.protection {
@@ -383,15 +390,6 @@ async fn complete_hook(hook: &str) -> Result<(String, String), NoticeError> {
     asg.complete_lifecycle_action(&group, hook, &instance)
         .await?;
     Ok((group, instance))
-}
-
-impl Lifecycle {
-    /// After the handover (or instead of campaigning, on a machine whose notice was out at
-    /// start-up): lets the platform go ahead, then waits for the stop signal; the exit code.
-    pub(crate) async fn stand_down(&self, signals: &mut Signals) -> u8 {
-        self.after_handover().await;
-        128 + wait_for_stop(signals).await as u8
-    }
 }
 
 /// After a notice: nothing to do but wait for the stop signal that the shutdown sends.

@@ -92,6 +92,9 @@ pub struct NoticeWatcher {
 }
 
 impl NoticeWatcher {
+    /// The shortest [`poll_every`](Self::poll_every) a metadata service is asked at.
+    pub const MIN_POLL: Duration = Duration::from_millis(100);
+
     /// A watcher of `which` cloud(s), at each cloud's recommended rate.
     pub fn new(which: Watch) -> Self {
         Self { which, every: None }
@@ -103,9 +106,10 @@ impl NoticeWatcher {
     /// # Errors
     /// [`NoticeError::Config`] below 100 ms.
     pub fn poll_every(mut self, every: Duration) -> Result<Self, NoticeError> {
-        if every < Duration::from_millis(100) {
+        if every < Self::MIN_POLL {
             return Err(NoticeError::Config(format!(
-                "a notice poll of {every:?} is too fast for a metadata service; at least 100ms"
+                "a notice poll of {every:?} is too fast for a metadata service; at least {:?}",
+                Self::MIN_POLL
             )));
         }
         self.every = Some(every);

@@ -84,9 +84,6 @@ pub async fn protector(on: ProtectOn) -> Result<Arc<dyn Protector>, NoticeError>
     })
 }
 
-/// The shortest period [`Protection::start`] uses (a shorter one is raised to it).
-const MIN_EVERY: Duration = Duration::from_secs(1);
-
 /// The first pause after a failed protection call; doubled after each, up to the period.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
@@ -103,6 +100,9 @@ pub struct Protection {
 }
 
 impl Protection {
+    /// The shortest period [`start`](Self::start) uses (a shorter one is raised to it).
+    pub const MIN_EVERY: Duration = Duration::from_secs(1);
+
     /// Starts the task: the mark follows `leading` at each change, and is written again every
     /// `every` (set while leading, cleared otherwise), so that a mark left by a crashed leader
     /// is undone once this instance runs again. A failed call is retried (1 s, doubling, at most
@@ -119,7 +119,7 @@ impl Protection {
     ) -> Self {
         let on = on.as_str();
         // Each period is a call to the cloud's control plane: never a tight loop.
-        let every = every.max(MIN_EVERY);
+        let every = every.max(Self::MIN_EVERY);
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(protector.clone(), on, leading, every, stop.clone()));
         Self {
