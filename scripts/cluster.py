@@ -527,11 +527,22 @@ class Conn:
         if self.cluster.blocked(self):
             self.cut()
         else:
-            try:
-                up_reader, self.up = await asyncio.open_connection("127.0.0.1", upstream)
-            except OSError:
-                self.abort()
-                return
+            # A peer port may not listen yet (a ZooKeeper server opens its quorum port only
+            # once it leads, and its followers may dial a moment before): the peer would see a
+            # refused connection and try again; behind the proxy it would see its accepted
+            # connection close, which a ZooKeeper follower takes for a failed leader. So the
+            # proxy tries again for up to 2 s, as the peer would. A client's connection to a
+            # member that is down fails at once, as it would without the proxy.
+            tries = 40 if self.kind != "client" else 1
+            for attempt in range(tries):
+                try:
+                    up_reader, self.up = await asyncio.open_connection("127.0.0.1", upstream)
+                    break
+                except OSError:
+                    if attempt + 1 == tries:
+                        self.abort()
+                        return
+                    await asyncio.sleep(0.05)
             if self.cluster.blocked(self):
                 self.cut()
             else:

@@ -21,6 +21,7 @@
 pub mod autoscaling;
 pub mod azure;
 pub mod chaos;
+pub mod cluster;
 pub mod docs;
 pub mod dynamodb;
 pub mod etcd;

@@ -1,7 +1,9 @@
 //! The long form of the chaos drills: `chaos_soak [rounds=N] [parallel=P]
 //! [parallel-BACKEND=P ...] [minutes=M]
 //! [backends=file,azure,dynamo,gcs,s3,s3-localstack,etcd,zookeeper,quorum-file]
-//! [scenarios=sigkill,sigstop,partition,stall,throttle,sigterm,lossy,late,restart,restart-empty]
+//! [scenarios=sigkill,sigstop,partition,stall,throttle,sigterm,lossy,late,restart,restart-empty,
+//!  member-away,member-kill,member-stop,member-partition,leader-minority,follower-minority,
+//!  rolling-restart]
 //! [out=FILE] [dir=DIR]`.
 //!
 //! - `rounds=N`: rounds **per backend** (not per scenario), spread round-robin over the
@@ -24,9 +26,10 @@
 //! - `minutes=M`: no new round starts after M minutes (the running ones finish).
 //! - `scenarios=`: default every scenario (those that do not apply to a backend are skipped).
 //! - `keep-data=yes`: keep the data folder (`store/data`) of a restart round's dedicated store
-//!   instance after a clean round too. By default it is deleted when the round had no
-//!   violation: etcd preallocates 120 MB per instance, which over 300 rounds would fill a
-//!   small disk. The candidates' logs and the instance's log are always kept.
+//!   instance, and `cluster/data` of a member round's cluster, after a clean round too. By
+//!   default it is deleted when the round had no violation: etcd preallocates 120 MB per
+//!   instance (and per member), which over 300 rounds would fill a small disk. The candidates'
+//!   logs and the instance's or the members' logs are always kept.
 //!
 //! Prints progress on stderr and writes the summary to `out` (default `chaos-summary.txt`)
 //! after every round, and to stdout at the end: the command line, date, machine (cores),
@@ -362,12 +365,14 @@ async fn main() -> ExitCode {
                     && r.violations.is_empty()
                     && !keep_data
                 {
-                    // A restart round's dedicated store instance has stopped by now.
-                    let data = r.dir.join("store").join("data");
-                    if data.is_dir()
-                        && let Err(e) = std::fs::remove_dir_all(&data)
-                    {
-                        eprintln!("chaos_soak: removing {data:?}: {e}");
+                    // A restart round's dedicated store instance, or a member round's
+                    // cluster, has stopped by now.
+                    for data in [r.dir.join("store/data"), r.dir.join("cluster/data")] {
+                        if data.is_dir()
+                            && let Err(e) = std::fs::remove_dir_all(&data)
+                        {
+                            eprintln!("chaos_soak: removing {data:?}: {e}");
+                        }
                     }
                 }
                 let text = {

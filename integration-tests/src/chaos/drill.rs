@@ -21,6 +21,7 @@ use super::{
     BackendKind, END_SIGTERM, EV_EXIT, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us,
     open_fenced, quorum_folders, write_value,
 };
+use crate::cluster::{Cluster, ClusterKind};
 use crate::proxy::FaultProxy;
 use crate::tcp_proxy::TcpFaultProxy;
 
@@ -82,7 +83,7 @@ pub async fn run_round(
     scenario: Scenario,
     cfg: &DrillConfig,
 ) -> Result<RoundReport, String> {
-    let timing = kind.timing();
+    let timing = scenario.timing(kind);
     let dir = cfg.work_dir.join(format!(
         "{}-{}-{}",
         kind.name(),
@@ -95,7 +96,21 @@ pub async fn run_round(
     // until the end of the round (dropping it stops it).
     let key = "chaos".to_owned();
     let mut instance = None;
-    let (url, place) = if matches!(scenario, Scenario::Restart | Scenario::RestartEmpty) {
+    let mut cluster = None;
+    let (url, place) = if scenario.on_cluster() {
+        // A member round: a cluster of its own, candidate i talking to member i alone.
+        let kind_of = match kind {
+            BackendKind::Etcd => ClusterKind::Etcd,
+            BackendKind::ZooKeeper => ClusterKind::ZooKeeper,
+            _ => return Err(format!("{} has no members", kind.name())),
+        };
+        let c = Cluster::start(kind_of, &dir.join("cluster")).await?;
+        let place = crate::unique_name("chaos");
+        create_place(kind, c.endpoint(0), &place).await?;
+        let url = c.endpoint(0).to_owned();
+        cluster = Some(c);
+        (url, place)
+    } else if matches!(scenario, Scenario::Restart | Scenario::RestartEmpty) {
         let mut store =
             Instance::start(kind, &dir.join("store"), scenario == Scenario::Restart).await?;
         let place = crate::unique_name("chaos");
@@ -110,7 +125,10 @@ pub async fn run_round(
     let mut procs = Vec::new();
     for i in 0..cfg.candidates.max(2) {
         let id = format!("c{i}");
-        let (endpoint, proxy) = proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?;
+        let (endpoint, proxy) = match &cluster {
+            Some(c) => (c.endpoint(i % 3).to_owned(), None),
+            None => proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?,
+        };
         let args = CandidateArgs {
             backend: kind,
             endpoint,
@@ -159,6 +177,7 @@ pub async fn run_round(
             Vec::new()
         },
         key: &key,
+        cluster: cluster.as_ref(),
     })
     .await;
     let mut violations = outcome.violations;

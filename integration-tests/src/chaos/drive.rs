@@ -13,7 +13,11 @@ use super::process::{Proc, leader, logs, term_after, terms_started_while_cut_off
 use super::restart::{Instance, Outage, outage};
 use super::scenario::{SLACK, Scenario};
 use super::{BackendKind, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us};
+use crate::cluster::Cluster;
 use crate::proxy::{ProxyFaults, ThrottleAnswer};
+
+#[path = "members.rs"]
+mod members;
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
 pub(super) struct RoundContext<'a> {
@@ -31,6 +35,8 @@ pub(super) struct RoundContext<'a> {
     pub(super) folders: Vec<PathBuf>,
     /// The lease key.
     pub(super) key: &'a str,
+    /// The round's own cluster (member rounds only).
+    pub(super) cluster: Option<&'a Cluster>,
 }
 
 /// What [`drive`] saw while the fault was on.
@@ -61,6 +67,7 @@ pub(super) async fn drive(round: RoundContext<'_>) -> RoundOutcome {
         kind: round.kind,
         folders: round.folders,
         key: round.key,
+        cluster: round.cluster,
         violations: Vec::new(),
         measured: Measured::default(),
         step_downs: 0,
@@ -84,6 +91,7 @@ struct Drive<'a> {
     kind: BackendKind,
     folders: Vec<PathBuf>,
     key: &'a str,
+    cluster: Option<&'a Cluster>,
     /// The scenario's bound on the failover, handover or recovery time, if it has one.
     bound: Option<Duration>,
     violations: Vec<String>,
@@ -107,6 +115,12 @@ impl Drive<'_> {
             Scenario::Restart | Scenario::RestartEmpty => self.restart(l, token).await?,
             Scenario::Throttle | Scenario::Lossy | Scenario::Late => self.degrade().await?,
             Scenario::MemberAway => self.member_away(l, token).await?,
+            Scenario::MemberKill
+            | Scenario::MemberStop
+            | Scenario::MemberPartition
+            | Scenario::LeaderMinority
+            | Scenario::FollowerMinority
+            | Scenario::RollingRestart => self.member_fault(l, token).await?,
         }
         Ok(())
     }

@@ -10,6 +10,11 @@ use super::BackendKind;
 /// Slack on every timing bound, for process scheduling on a loaded machine.
 pub const SLACK: Duration = Duration::from_secs(1);
 
+/// What one election inside an etcd cluster or a ZooKeeper ensemble may add to a failover:
+/// the election timeout or sync limit (about 1 s here), the vote, and the lease's or
+/// session's fresh timeout on the new store leader.
+pub(super) const CLUSTER_ELECTION: Duration = Duration::from_secs(3);
+
 /// One fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum Scenario {
@@ -49,11 +54,29 @@ pub enum Scenario {
     /// throughout and no other term begins: one member of three away costs nothing, and the
     /// second outage holds only if the first member rejoined the term.
     MemberAway,
+    /// The store's leader member (etcd's leader, ZooKeeper's leading server) SIGKILLed, and
+    /// started again with its data a ttl later.
+    MemberKill,
+    /// The store's leader member SIGSTOPped for two ttls, then resumed (a stuck old leader
+    /// that wakes up after a leader change: etcd-io/etcd#15247 is of that kind).
+    MemberStop,
+    /// The store's leader member cut from the other members and from every client for a
+    /// ttl and 2 s, then healed.
+    MemberPartition,
+    /// The member that the leader's client talks to cut from the other members (the client
+    /// still reaches it): the leader's term ends by its deadline, a candidate on the majority
+    /// side takes over, and none begins on the cut member.
+    LeaderMinority,
+    /// A follower's member cut from the other members while the leader hands over: the
+    /// follower, whose reads may be stale, never begins a term while cut off.
+    FollowerMinority,
+    /// Every member stopped and started again in turn, each time once the cluster is whole.
+    RollingRestart,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::Kill,
         Scenario::Stop,
         Scenario::Partition,
@@ -65,7 +88,45 @@ impl Scenario {
         Scenario::Restart,
         Scenario::RestartEmpty,
         Scenario::MemberAway,
+        Scenario::MemberKill,
+        Scenario::MemberStop,
+        Scenario::MemberPartition,
+        Scenario::LeaderMinority,
+        Scenario::FollowerMinority,
+        Scenario::RollingRestart,
     ];
+
+    /// The faults of a store's own members, played on a three-member cluster of the round's
+    /// own (etcd and ZooKeeper only).
+    pub const MEMBERS: [Scenario; 6] = [
+        Scenario::MemberKill,
+        Scenario::MemberStop,
+        Scenario::MemberPartition,
+        Scenario::LeaderMinority,
+        Scenario::FollowerMinority,
+        Scenario::RollingRestart,
+    ];
+
+    /// Whether the round runs on a three-member cluster of its own.
+    pub fn on_cluster(self) -> bool {
+        Self::MEMBERS.contains(&self)
+    }
+
+    /// The candidates' timing in a round of this scenario on `kind`: the backend's, except on a
+    /// cluster, where a ttl of 4 s leaves room for one of the store's own elections (about
+    /// 1 s of etcd's election timeout or of ZooKeeper's sync limit, and the vote) between two
+    /// renews.
+    pub fn timing(self, kind: BackendKind) -> Timing {
+        if !self.on_cluster() {
+            return kind.timing();
+        }
+        let mut t = Timing::from_ttl(Duration::from_secs(4));
+        t.request_timeout = Duration::from_millis(500);
+        t.margin = Duration::from_secs(1);
+        t.renew_every = Duration::from_millis(700);
+        t.retry_every = Duration::from_millis(500);
+        t
+    }
 
     /// The name used on command lines and in summaries.
     pub fn name(self) -> &'static str {
@@ -81,6 +142,12 @@ impl Scenario {
             Scenario::Restart => "restart",
             Scenario::RestartEmpty => "restart-empty",
             Scenario::MemberAway => "member-away",
+            Scenario::MemberKill => "member-kill",
+            Scenario::MemberStop => "member-stop",
+            Scenario::MemberPartition => "member-partition",
+            Scenario::LeaderMinority => "leader-minority",
+            Scenario::FollowerMinority => "follower-minority",
+            Scenario::RollingRestart => "rolling-restart",
         }
     }
 
@@ -109,6 +176,14 @@ impl Scenario {
                 kind.proxied() && !matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper)
             }
             Scenario::MemberAway => kind == BackendKind::QuorumFile,
+            Scenario::MemberKill
+            | Scenario::MemberStop
+            | Scenario::MemberPartition
+            | Scenario::LeaderMinority
+            | Scenario::FollowerMinority
+            | Scenario::RollingRestart => {
+                matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper)
+            }
         }
     }
 
@@ -121,6 +196,15 @@ impl Scenario {
                 t.ttl + t.retry_every * 2
             }
             Scenario::Term => t.poll_every.mul_f64(1.1),
+            // The longest time unled: a ttl after the leader's last renew, one election of
+            // the store's own and the lease's extension at its promotion (etcd) or the
+            // session's (ZooKeeper), then a follower's next look.
+            Scenario::MemberKill
+            | Scenario::MemberStop
+            | Scenario::MemberPartition
+            | Scenario::LeaderMinority
+            | Scenario::FollowerMinority
+            | Scenario::RollingRestart => t.ttl + CLUSTER_ELECTION + t.retry_every * 2,
             Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway => {
                 return None;
             }
@@ -169,6 +253,7 @@ mod tests {
                             | BackendKind::S3LocalStack
                     ),
                     Scenario::MemberAway => kind == BackendKind::QuorumFile,
+                    _ => matches!(kind, BackendKind::Etcd | BackendKind::ZooKeeper),
                 };
                 assert_eq!(s.applies_to(kind), expected, "{s:?} on {kind:?}");
             }

@@ -50,6 +50,9 @@ enum Measure {
     Recovery,
     /// A new term after the leader was asked to stop (SIGTERM).
     Handover,
+    /// The longest time without a leader's acknowledged write, from a member's fault until
+    /// the cluster is whole and led again.
+    Unled,
     /// Nothing is measured: a fault that needs no new term (throttle, lossy, late), where
     /// every step-down but a SIGTERM's is spurious.
     None,
@@ -64,6 +67,12 @@ impl Measure {
             Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway => {
                 Measure::None
             }
+            Scenario::MemberKill
+            | Scenario::MemberStop
+            | Scenario::MemberPartition
+            | Scenario::LeaderMinority
+            | Scenario::FollowerMinority
+            | Scenario::RollingRestart => Measure::Unled,
         }
     }
 
@@ -72,6 +81,7 @@ impl Measure {
             Measure::Failover => "failover",
             Measure::Recovery => "recovery",
             Measure::Handover => "handover",
+            Measure::Unled => "unled",
             Measure::None => "-",
         }
     }

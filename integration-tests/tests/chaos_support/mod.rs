@@ -36,7 +36,15 @@ pub(crate) async fn drill(kind: BackendKind, scenario: Scenario) {
         report.terms >= 2
             || matches!(
                 scenario,
-                Scenario::Throttle | Scenario::Lossy | Scenario::Late | Scenario::MemberAway
+                Scenario::Throttle
+                    | Scenario::Lossy
+                    | Scenario::Late
+                    | Scenario::MemberAway
+                    // A member's fault ends the term only of a leader whose client talks to it.
+                    | Scenario::MemberKill
+                    | Scenario::MemberStop
+                    | Scenario::MemberPartition
+                    | Scenario::RollingRestart
             ),
         "{report:?}"
     );
