@@ -60,6 +60,13 @@ impl Rpc {
     async fn request<T>(&self, message: T, left: Duration) -> Result<Request<T>, Status> {
         let mut request = Request::new(message);
         request.set_timeout(left);
+        // A member that has lost the cluster's leader (cut off from the majority) refuses at
+        // once with "no leader" (retried, and sent to another member) instead of holding the
+        // request until it times out; and it cancels a watch opened on it, which the store
+        // then opens again (clientv3's WithRequireLeader).
+        request
+            .metadata_mut()
+            .insert("hasleader", AsciiMetadataValue::from_static("true"));
         if let Some(auth) = &self.auth {
             let cached = auth.token.read().ok().and_then(|t| t.clone());
             let token = match cached {
