@@ -16,7 +16,6 @@ use super::{BackendKind, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us};
 use crate::cluster::Cluster;
 use crate::proxy::{ProxyFaults, ThrottleAnswer};
 
-#[path = "members.rs"]
 mod members;
 
 /// What [`drive`] works on: the round's fault and timing, and its running candidates.
