@@ -68,6 +68,14 @@ How the command runs:
   everything it started are gone. The command shares leader's stdin, stdout and stderr but
   has no controlling terminal: keys typed at the terminal reach leader, which passes the
   signals on.
+  Where the kernel allows it (--pid-namespace auto, the default), the command runs in a PID
+  namespace of its own whose init is leader's: if the supervisor dies, the kernel kills that
+  init and every process of the namespace with it; leader says at start-up whether it does.
+  Inside, pids are the namespace's ($$ is 2 for the command) while /proc stays the host's,
+  so a pid file, `pgrep` or `ps` does not name the same process inside and outside: use
+  --pid-namespace off for a command that relies on that. For a user other than root the
+  namespace sits in a user namespace that maps the user to itself: the same uid, no
+  capability, and setuid programs (sudo) gain nothing in it.
 
 Signals:
   SIGTERM, SIGINT, SIGHUP, SIGQUIT to leader (or its whole process group): passed on to the
@@ -87,9 +95,11 @@ Signals:
     grace period of a requested stop.
   SIGSTOP of leader (or its group, Ctrl-Z): the supervisor still stops the command at the
     deadline; resumed, leader exits 75 (or campaigns again with --supervise).
-  Not covered: SIGKILL of leader and the supervisor at once (pkill -9 leader) kills the
-    command but not what it started (run it under `unshare --pid --fork --kill-child`, or
-    systemd); SIGSTOP of the supervisor and leader at once leaves the command running.
+  SIGKILL of leader and the supervisor at once (pkill -9 leader): in a PID namespace, the
+    kernel kills the command and everything it started with the namespace's init. Without
+    one (--pid-namespace off, or refused: the start-up line says so) it kills the command
+    but not what it started: run it under `unshare --pid --fork --kill-child`, or systemd.
+  Not covered: SIGSTOP of the supervisor and leader at once leaves the command running.
 
 Environment of the command:
   LEADER_FENCING_TOKEN  the term's fencing token (pass it to the protected resource)
@@ -157,7 +167,8 @@ Exit codes:
   75   leadership lost while the command ran, or the term ended before it could start
        (without --supervise)
   78   configuration error: timing rules, --grace, metadata, a record path that is a folder,
-       --protect-leader on an instance that is not in a group, scale set or pod
+       --protect-leader on an instance that is not in a group, scale set or pod,
+       --pid-namespace on where the kernel refuses a PID namespace
   126  the command cannot be executed      127  the command was not found
   128+N  leader was stopped by signal N before or while running the command
   Errors that may pass (store unreachable, throttled, timeouts) are retried, not fatal.

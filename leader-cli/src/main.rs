@@ -84,9 +84,13 @@ enum Command {
     /// Internal: the supervisor that starts the command and stops it (see `supervise/process.rs`).
     #[command(name = "__supervise", hide = true)]
     Supervise(supervise::process::SuperviseArgs),
-    /// Internal: the last step before the command (deadline check, then exec).
+    /// Internal: the last step before the command (deadline check, then exec), or the init of
+    /// its PID namespace.
     #[command(name = "__exec", hide = true)]
     Exec(supervise::process::ExecArgs),
+    /// Internal: whether the kernel lets this process's supervisors use a PID namespace.
+    #[command(name = "__probe-pid-namespace", hide = true)]
+    ProbePidNamespace,
 }
 
 /// The longest duration any option accepts.
@@ -146,6 +150,8 @@ fn main() -> ExitCode {
     };
     let command = match cli.command {
         Command::Exec(args) => return ExitCode::from(supervise::process::exec(args)),
+        // Single-threaded, as a user namespace requires: before logging starts its thread.
+        Command::ProbePidNamespace => return ExitCode::from(supervise::namespace::probe()),
         // The supervisor starts its logging itself, once its signals are blocked.
         Command::Supervise(args) => {
             return ExitCode::from(supervise::process::run(args, cli.log_format));
@@ -175,7 +181,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(*args, log_format).await,
             Command::Status(args) => status::run(args).await,
             Command::Demo => demo::run().await,
-            Command::Supervise(_) | Command::Exec(_) => Ok(0),
+            Command::Supervise(_) | Command::Exec(_) | Command::ProbePidNamespace => Ok(0),
         }
     });
     match result {
@@ -184,5 +190,70 @@ fn main() -> ExitCode {
             eprintln!("leader: {}", e.message);
             ExitCode::from(e.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::supervise::namespace::{Isolation, PidNamespaceMode};
+
+    /// Whole command lines through clap, as `leader run` and the supervisor build them: a
+    /// value parser whose type does not match its field panics only when parsed.
+    #[test]
+    fn whole_command_lines_parse() {
+        Cli::command().debug_assert();
+        let run = |extra: &[&str]| {
+            let mut line = vec!["leader", "run", "--store", "file:///tmp/leases/k"];
+            line.extend(extra);
+            line.extend(["--", "sleep", "1"]);
+            Cli::try_parse_from(line)
+        };
+        for (extra, want) in [
+            (&[][..], PidNamespaceMode::Auto),
+            (&["--pid-namespace", "auto"], PidNamespaceMode::Auto),
+            (&["--pid-namespace", "on"], PidNamespaceMode::On),
+            (&["--pid-namespace", "off"], PidNamespaceMode::Off),
+        ] {
+            let cli = run(extra).unwrap();
+            let Command::Run(args) = cli.command else {
+                panic!("not a run: {extra:?}");
+            };
+            assert_eq!(args.pid_namespace, want, "{extra:?}");
+        }
+        assert!(run(&["--pid-namespace", "maybe"]).is_err());
+        for isolation in [Isolation::Pid, Isolation::UserPid, Isolation::None] {
+            let line = [
+                "leader",
+                "--log-format",
+                "json",
+                "__supervise",
+                "--control",
+                "/tmp/leader-x/control",
+                "--grace",
+                "1500000000ns",
+                "--deadline",
+                "123",
+                "--isolation",
+                isolation.as_str(),
+                "--require-isolation",
+                "--",
+                "sleep",
+                "1",
+            ];
+            let cli = Cli::try_parse_from(line).unwrap();
+            assert!(matches!(cli.command, Command::Supervise(_)));
+        }
+        for extra in [&[][..], &["--init-report", "/tmp/leader-x/init"]] {
+            let mut line = vec!["leader", "__exec", "--supervisor", "1", "--not-after", "9"];
+            line.extend(extra);
+            line.extend(["--", "true"]);
+            let cli = Cli::try_parse_from(line).unwrap();
+            assert!(matches!(cli.command, Command::Exec(_)));
+        }
+        let cli = Cli::try_parse_from(["leader", "__probe-pid-namespace"]).unwrap();
+        assert!(matches!(cli.command, Command::ProbePidNamespace));
     }
 }

@@ -48,6 +48,47 @@ fn parent_in_stat(stat: &str) -> Option<i32> {
     after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The parent of `pid`, if it is still there (alive, or not yet reaped).
+pub(crate) fn parent_of(pid: Pid) -> Option<Pid> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parent_in_stat(&stat).map(Pid::from_raw)
+}
+
+/// The pid by which `/proc` (the host's, mounted outside any PID namespace of ours) knows the
+/// child that this process, the init of a PID namespace, knows as `inner`: the child whose
+/// innermost pid (the last of `NSpid` in its status) is `inner`.
+pub(crate) fn outer_pid_of_child(inner: i32) -> Option<Pid> {
+    // `/proc/self` names this process by its pid in the namespace of `/proc`.
+    let me: i32 = std::fs::read_link("/proc/self")
+        .ok()?
+        .to_str()?
+        .parse()
+        .ok()?;
+    parents()
+        .into_iter()
+        .filter(|(_, parent)| *parent == me)
+        .map(|(pid, _)| pid)
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| innermost_pid(&s))
+                == Some(inner)
+        })
+        .map(Pid::from_raw)
+}
+
+/// The last pid of the `NSpid` line of a `/proc/PID/status`: the pid in the process's own
+/// PID namespace.
+fn innermost_pid(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// Every living (or not yet reaped) descendant of `root`, children first.
 pub(crate) fn descendants(root: Pid) -> Vec<Pid> {
     descendants_outside(root, &BTreeSet::new())
@@ -92,6 +133,18 @@ mod tests {
         assert_eq!(parent_in_stat("42 (sh) S 7 42 42 0"), Some(7));
         assert_eq!(parent_in_stat("42 (a b) c) R 9 1 1"), Some(9));
         assert_eq!(parent_in_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_innermost_pid_is_the_last_of_nspid() {
+        assert_eq!(
+            innermost_pid("Name:\tsh\nNSpid:\t4242\t2\nPPid:\t1\n"),
+            Some(2)
+        );
+        assert_eq!(innermost_pid("NSpid:\t4242\n"), Some(4242));
+        assert_eq!(innermost_pid("Name:\tsh\n"), None);
+        let me = Pid::this();
+        assert_eq!(parent_of(me), Some(nix::unistd::getppid()));
     }
 
     #[test]

@@ -41,10 +41,12 @@ impl Dir {
 }
 
 /// `leader run` with ttl 2 s; the child appends "HOLDER TOKEN PID" to `starts`, then runs
-/// `then`.
+/// `then`. PID is the pid this process sees: in the command's PID namespace `$$` is another
+/// number, but `/proc` is this one's.
 fn candidate(dir: &Dir, id: &str, extra: &[&str], then: &str) -> Child {
     let script = format!(
-        "echo \"$LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $$\" >> {starts}; {then}",
+        "read -r me _ < /proc/self/stat; \
+         echo \"$LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $me\" >> {starts}; {then}",
         starts = dir.file("starts").display()
     );
     Command::new(LEADER)
@@ -227,7 +229,8 @@ fn a_child_that_ignores_sigterm_is_killed_after_grace_with_its_grandchildren() {
     let dir = Dir::new();
     let grandchild = dir.file("grandchild");
     let then = format!(
-        "trap '' TERM; sleep 60 & echo $! > {}; wait; wait",
+        "trap '' TERM; sh -c 'read -r me _ < /proc/self/stat; echo $me > {}; exec sleep 60' & \
+         wait; wait",
         grandchild.display()
     );
     let mut a = candidate(&dir, "a", &["--grace", "250ms"], &then);

@@ -203,7 +203,7 @@ impl Case {
     /// A shell line that appends `KIND HOLDER TOKEN PID REALTIME_NS` and `extra` to the log.
     fn note(&self, kind: &str, extra: &str) -> String {
         format!(
-            "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $$ $(date +%s%N){extra}\" >> {}",
+            "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $me $(date +%s%N){extra}\" >> {}",
             self.log().display()
         )
     }
@@ -221,7 +221,13 @@ impl Case {
             .args(["run", "--store", &self.store, "--id", id])
             .args(TIMING)
             .args(args)
-            .args(["--", "sh", "-c", script]);
+            // `me`: the pid this process sees (in the command's PID namespace `$$` is another).
+            .args([
+                "--",
+                "sh",
+                "-c",
+                &format!("read -r me _ < /proc/self/stat; {script}"),
+            ]);
         self.environment(&mut command, fake);
         let child = command
             .stdin(Stdio::null())
@@ -786,6 +792,20 @@ fn parent_of(pid: i32) -> i32 {
     after.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// The supervisor of the command `pid`: its parent, or in a PID namespace its grandparent
+/// (the parent is the namespace's init).
+fn supervisor_of(pid: i32) -> i32 {
+    let mut p = parent_of(pid);
+    for _ in 0..2 {
+        let cmdline = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        if cmdline.contains("__supervise") {
+            break;
+        }
+        p = parent_of(p);
+    }
+    p
+}
+
 /// `--protect-leader aws` on a group of three in moto: the leader's instance is protected, the
 /// followers' not (a stale mark is cleared at start-up); a step-down moves the mark; a
 /// scale-in to 1 keeps the leader's instance; after a crash of `leader` and its supervisor the
@@ -866,7 +886,7 @@ fn protection_follows_the_leader_through_step_down_scale_in_and_a_crash() {
     assert!(moto.protected(&ids[x]));
 
     // A crash of the leading `leader` and its supervisor together: the mark stays.
-    let supervisor = parent_of(second.pid);
+    let supervisor = supervisor_of(second.pid);
     assert_ne!(supervisor, leader.pid());
     leader.child.kill().unwrap();
     let _ = kill(Pid::from_raw(supervisor), Signal::SIGKILL);
@@ -1098,7 +1118,7 @@ fn after_a_notice_a_supervisor_killed_during_the_stop_does_not_restart_the_comma
     case.wait_logged("a", "watching for scale-in and preemption notices");
     let first = case.starts()[0].clone();
     assert_eq!((first.holder.as_str(), first.shard), ("a", Some(0)));
-    let supervisor = parent_of(first.pid);
+    let supervisor = supervisor_of(first.pid);
     assert!(descendants(a.pid()).contains(&supervisor));
     let cmdline = std::fs::read_to_string(format!("/proc/{supervisor}/cmdline")).unwrap();
     assert!(cmdline.contains("__supervise"), "{cmdline:?}");

@@ -125,11 +125,13 @@ impl Case {
         let log = self.log().display().to_string();
         let note = |kind: &str| {
             format!(
-                "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $$ $(date +%s%N)\" >> {log}"
+                "echo \"{kind} $LEADER_HOLDER_ID $LEADER_FENCING_TOKEN $me $(date +%s%N)\" >> {log}"
             )
         };
+        // `me`: the pid this process sees (in the command's PID namespace `$$` is another).
         let script = format!(
-            "trap '{stop}; exit 0' TERM; {start}; while :; do sleep 0.05; done",
+            "read -r me _ < /proc/self/stat; trap '{stop}; exit 0' TERM; {start}; \
+             while :; do sleep 0.05; done",
             stop = note("stop"),
             start = note("start"),
         );

@@ -38,8 +38,9 @@ const TIMING: [&str; 8] = [
     "600ms",
 ];
 
-/// A shell line for the command: note the variables, then become the worker.
-const COMMAND: &str = r#"echo "$LEADER_HOLDER_ID $LEADER_SHARD $LEADER_SHARDS $LEADER_FENCING_TOKEN $$" >> "$0/starts"; exec python3 "$1" "$0/shard.$LEADER_SHARD.log""#;
+/// A shell line for the command: note the variables and its pid as this process sees it (in
+/// the command's PID namespace `$$` is another number), then become the worker.
+const COMMAND: &str = r#"read -r me _ < /proc/self/stat; echo "$LEADER_HOLDER_ID $LEADER_SHARD $LEADER_SHARDS $LEADER_FENCING_TOKEN $me" >> "$0/starts"; exec python3 "$1" "$0/shard.$LEADER_SHARD.log""#;
 
 /// One line of `starts`: a command started.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -424,14 +425,24 @@ fn sigkill_of_one_supervisor_spares_the_other_shards() {
         });
     }
     let (victim, other) = (&running[0], &running[1]);
-    // The victim's supervisor: the parent of its command.
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", victim.pid)).unwrap();
-    let supervisor: i32 = stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(1)
+    // The victim's supervisor: the parent of its command, or in a PID namespace the parent
+    // of the namespace's init (`__exec`).
+    let parent = |pid: i32| -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut supervisor = parent(victim.pid);
+    if std::fs::read_to_string(format!("/proc/{supervisor}/cmdline"))
         .unwrap()
-        .parse()
-        .unwrap();
+        .contains("__exec")
+    {
+        supervisor = parent(supervisor);
+    }
     let cmdline = std::fs::read_to_string(format!("/proc/{supervisor}/cmdline")).unwrap();
     assert!(cmdline.contains("__supervise"), "{cmdline:?}");
     let victims: Vec<i32> = events(&d.log(victim.shard)).iter().map(|e| e.pid).collect();

@@ -6,6 +6,10 @@
 //! every 500 ms, grace 1.3 s). Their command is `tests/worker.py`: it takes 0.9 s to finish
 //! after SIGTERM/SIGINT/SIGHUP, and starts a daemon (double fork, `setsid`) that ignores those
 //! signals. Both write timestamped lines on CLOCK_BOOTTIME; the checks use those timestamps.
+//!
+//! `leader run` puts the command in a PID namespace of its own where the kernel allows it (the
+//! default, `--pid-namespace auto`; as root here, everywhere): the cases that do not say
+//! otherwise run in one. The pids the tests compare are the ones this process sees.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -79,25 +83,41 @@ impl Case {
 
     /// The arguments of `leader run ... -- python3 worker.py LOG`.
     fn args(&self, id: &str) -> Vec<String> {
+        self.args_for(id, &[], &self.worker())
+    }
+
+    /// The command `python3 worker.py LOG`.
+    fn worker(&self) -> Vec<String> {
+        vec![
+            "python3".to_owned(),
+            worker().display().to_string(),
+            self.log().display().to_string(),
+        ]
+    }
+
+    /// The arguments of `leader run ... EXTRA -- COMMAND`.
+    fn args_for(&self, id: &str, extra: &[&str], command: &[String]) -> Vec<String> {
         let mut v: Vec<String> = ["run", "--store", &self.store(), "--id", id]
             .iter()
             .map(|s| s.to_string())
             .collect();
         v.extend(TIMING.iter().map(|s| s.to_string()));
-        v.extend([
-            "--".to_owned(),
-            "python3".to_owned(),
-            worker().display().to_string(),
-            self.log().display().to_string(),
-        ]);
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v.push("--".to_owned());
+        v.extend(command.iter().cloned());
         v
     }
 
     /// `program ARGS` as a shell would start it: in a process group of its own, stderr kept.
     fn spawn(&self, id: &str, program: &str, prefix: &[&str]) -> Child {
+        self.spawn_args(id, program, prefix, self.args(id))
+    }
+
+    /// `program PREFIX ARGS`, as [`Case::spawn`].
+    fn spawn_args(&self, id: &str, program: &str, prefix: &[&str], args: Vec<String>) -> Child {
         let child = Command::new(program)
             .args(prefix)
-            .args(self.args(id))
+            .args(args)
             .env("LEADER_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -111,6 +131,11 @@ impl Case {
 
     fn leader(&self, id: &str) -> Child {
         self.spawn(id, LEADER, &[])
+    }
+
+    /// `leader run ... EXTRA -- python3 worker.py LOG`.
+    fn leader_with(&self, id: &str, extra: &[&str]) -> Child {
+        self.spawn_args(id, LEADER, &[], self.args_for(id, extra, &self.worker()))
     }
 
     fn events(&self) -> Vec<Event> {
@@ -143,6 +168,7 @@ impl Case {
     fn two_leaders(&self) -> (Child, Child) {
         let a = self.leader("a");
         self.wait_for_first_term();
+        self.assert_protection_as_said("a");
         let b = self.leader("b");
         std::thread::sleep(Duration::from_millis(700));
         assert!(!self.has(2, "start"), "b must wait while a leads");
@@ -151,6 +177,25 @@ impl Case {
 
     fn stderr(&self, id: &str) -> String {
         std::fs::read_to_string(self.path().join(format!("{id}.stderr"))).unwrap_or_default()
+    }
+
+    /// The start-up line of `id` says whether the command runs in a PID namespace of its own,
+    /// and the first term's command and daemon do as it says.
+    fn assert_protection_as_said(&self, id: &str) {
+        let log = self.stderr(id);
+        let said = log.contains(IN_A_NAMESPACE);
+        assert!(said || log.contains(UNCOVERED), "no start-up line:\n{log}");
+        for kind in ["start", "daemon"] {
+            let pid = self.pid_of(kind);
+            assert_eq!(
+                in_own_pid_namespace(pid),
+                said,
+                "the {kind} process {pid} vs the start-up line:\n{log}"
+            );
+        }
+        if !said {
+            eprintln!("NOTE: no PID namespace here; this case ran without one");
+        }
     }
 
     /// Waits for b's command, then checks the invariants and stops b. Returns the time from
@@ -440,6 +485,38 @@ fn ctrl_c_in_a_terminal() {
     tmux(&["kill-server"]);
 }
 
+/// The start-up line of `leader run` in a PID namespace of its own (as root, or in a user
+/// namespace, which adds a few words before the colon).
+const IN_A_NAMESPACE: &str = "the command runs in a PID namespace of its own";
+
+/// The end of the start-up line without a PID namespace, whether refused or declined.
+const UNCOVERED: &str = "what the command starts survives SIGKILL of leader and its supervisor \
+                         at once (pkill -9 leader); run it under systemd or unshare";
+
+/// Whether `pid` is in another PID namespace than this process.
+fn in_own_pid_namespace(pid: i32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).unwrap();
+    ns(&pid.to_string()) != ns("self")
+}
+
+/// What `pkill -9 leader` kills: every process of `leader`'s tree that runs the `leader`
+/// binary (`leader`, its supervisor, and the init of the command's PID namespace, if any).
+fn leader_processes(leader: &Child, binary: &Path) -> Vec<i32> {
+    let binary = std::fs::canonicalize(binary).unwrap();
+    let mut all = descendants(leader.id() as i32);
+    all.insert(0, leader.id() as i32);
+    all.into_iter()
+        .filter(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == binary))
+        .collect()
+}
+
+/// SIGKILL to each of `pids`, one right after the other, as `pkill -9` does.
+fn sigkill_all(pids: &[i32]) {
+    for pid in pids {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+}
+
 fn supervisor_of(leader: &Child) -> i32 {
     descendants(leader.id() as i32)
         .into_iter()
@@ -451,20 +528,78 @@ fn supervisor_of(leader: &Child) -> i32 {
         .expect("the supervisor process")
 }
 
-/// The one documented escape: SIGKILL of `leader` *and* its supervisor at once (`pkill -9
-/// leader`). The kernel kills the command itself (PR_SET_PDEATHSIG), but nothing is left to
-/// stop what the command started: the daemon survives. This test pins that, so that the
-/// README's wording stays true.
+/// `pkill -9 leader`: SIGKILL of every process of ours at once, `leader`, its supervisor and
+/// the init of the command's PID namespace (`--pid-namespace on`). The kernel kills everything
+/// in the namespace with its init: the command and its daemon (double fork, `setsid`, SIGTERM
+/// ignored) are gone at once.
 #[test]
-fn sigkill_of_every_leader_process_kills_the_command_but_not_its_daemon() {
+fn sigkill_of_every_leader_process_leaves_nothing_of_the_command() {
+    let case = Case::new();
+    let mut a = case.leader_with("a", &["--pid-namespace", "on"]);
+    case.wait_for_first_term();
+    let log = case.stderr("a");
+    assert!(
+        log.contains(
+            "the command runs in a PID namespace of its own: nothing it starts outlives its \
+             supervisor"
+        ),
+        "{log}"
+    );
+    case.assert_protection_as_said("a");
+    let (command, daemon) = (case.pid_of("start"), case.pid_of("daemon"));
+    let ours = leader_processes(&a, Path::new(LEADER));
+    assert_eq!(ours.len(), 3, "leader, supervisor, init: {ours:?}");
+    sigkill_all(&ours);
+    assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
+    let took = wait_for(
+        "the command and its daemon to die with the namespace's init",
+        Duration::from_secs(2),
+        || !alive(command) && !alive(daemon),
+    );
+    eprintln!("MEASURED pkill -9 leader: the command's tree gone {took:?} after the exit");
+}
+
+/// SIGKILL of `leader` and its supervisor at once, not of the namespace's init: the kernel
+/// kills the init (`PR_SET_PDEATHSIG`), and with it everything in the namespace.
+#[test]
+fn sigkill_of_leader_and_its_supervisor_leaves_nothing_of_the_command() {
     let case = Case::new();
     let mut a = case.leader("a");
     case.wait_for_first_term();
+    case.assert_protection_as_said("a");
     let supervisor = supervisor_of(&a);
+    let ours = leader_processes(&a, Path::new(LEADER));
+    let (command, daemon) = (case.pid_of("start"), case.pid_of("daemon"));
+    sigkill_all(&[a.id() as i32, supervisor]);
+    assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
+    wait_for(
+        "the init, the command and its daemon to die",
+        Duration::from_secs(2),
+        || ours.iter().chain([&command, &daemon]).all(|p| !alive(*p)),
+    );
+}
+
+/// The escape where there is no PID namespace (`--pid-namespace off`, or where the kernel
+/// refuses one), as the start-up line says: SIGKILL of `leader` *and* its supervisor at once
+/// (`pkill -9 leader`) kills the command itself (PR_SET_PDEATHSIG), but nothing is left to stop
+/// what the command started: the daemon survives. This test pins that, so that the docs'
+/// wording stays true.
+#[test]
+fn without_a_pid_namespace_sigkill_of_every_leader_process_leaves_the_daemon() {
+    let case = Case::new();
+    let mut a = case.leader_with("a", &["--pid-namespace", "off"]);
+    case.wait_for_first_term();
+    let log = case.stderr("a");
+    assert!(
+        log.contains(&format!("--pid-namespace off: {UNCOVERED}")),
+        "{log}"
+    );
+    case.assert_protection_as_said("a");
     let command = case.pid_of("start");
     let daemon = case.pid_of("daemon");
-    kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
-    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    let ours = leader_processes(&a, Path::new(LEADER));
+    assert_eq!(ours, vec![a.id() as i32, supervisor_of(&a)]);
+    sigkill_all(&ours);
     assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
     wait_for(
         "the command to die with its supervisor",
@@ -476,18 +611,18 @@ fn sigkill_of_every_leader_process_kills_the_command_but_not_its_daemon() {
     let _ = kill(Pid::from_raw(daemon), Signal::SIGKILL);
     assert!(
         escaped,
-        "the daemon was stopped after all: update the README's escape paragraph"
+        "the daemon was stopped after all: update the docs' escape paragraph"
     );
 }
 
-/// The recipe the README gives for that escape: the command in a PID namespace of its own
-/// (`unshare --pid --fork --kill-child`). When the supervisor dies, unshare dies with it, the
-/// namespace's first process gets its kill-child signal, and the kernel kills everything in
-/// the namespace, the daemon included.
+/// The recipe the start-up line gives where `leader run` has no PID namespace: the command
+/// under `unshare --pid --fork --kill-child`. When the supervisor dies, unshare dies with it,
+/// the namespace's first process gets its kill-child signal, and the kernel kills everything
+/// in the namespace, the daemon included.
 #[test]
-fn a_pid_namespace_closes_the_sigkill_everything_escape() {
+fn without_a_pid_namespace_the_unshare_recipe_closes_the_escape() {
     let case = Case::new();
-    let mut args = case.args("a");
+    let mut args = case.args_for("a", &["--pid-namespace", "off"], &case.worker());
     let sep = args.iter().position(|x| x == "--").unwrap();
     args.splice(
         sep + 1..sep + 1,
@@ -599,7 +734,8 @@ fn a_blocked_stderr_does_not_stop_the_supervisor() {
         .args(TIMING)
         .args(["--", "sh", "-c"])
         .arg(format!(
-            "trap '' TERM; echo $$ > {}; while :; do echo filling the pipe >&2; done",
+            "trap '' TERM; read -r me _ < /proc/self/stat; echo $me > {}; \
+             while :; do echo filling the pipe >&2; done",
             pid_file.display()
         ))
         .env("LEADER_LOG", "debug")
@@ -633,4 +769,171 @@ fn a_blocked_stderr_does_not_stop_the_supervisor() {
     killpg(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
     let _ = a.wait();
     drop(read_end);
+}
+
+/// Whether this test runs as root (the cases that change user or drop capabilities need it).
+fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("SKIPPED: needs root, to run leader as another user or without CAP_SYS_ADMIN");
+    false
+}
+
+/// Where the kernel refuses a PID namespace (here: root without CAP_SYS_ADMIN, as in a
+/// container, where a user namespace would take the command's capabilities): `on` refuses to
+/// start (78) and says why; `auto` says so at start-up and runs the command without one, and
+/// the escape stays open.
+#[test]
+fn where_the_kernel_refuses_a_pid_namespace_on_refuses_and_auto_says_so() {
+    if !root() {
+        return;
+    }
+    let case = Case::new();
+    let no_sys_admin = ["--bounding-set", "-sys_admin", LEADER];
+    let on = case.args_for("on", &["--pid-namespace", "on"], &case.worker());
+    let mut refused = case.spawn_args("on", "setpriv", &no_sys_admin, on);
+    assert_eq!(exit_code(&mut refused, Duration::from_secs(10)), 78);
+    let log = case.stderr("on");
+    assert!(
+        log.contains("--pid-namespace on: the kernel refuses this process a PID namespace"),
+        "{log}"
+    );
+    assert!(log.contains("EPERM"), "{log}");
+    assert!(
+        case.events().is_empty(),
+        "a command ran: {:?}",
+        case.events()
+    );
+
+    let mut a = case.spawn("a", "setpriv", &no_sys_admin);
+    case.wait_for_first_term();
+    let log = case.stderr("a");
+    assert!(
+        log.contains("PID namespaces are refused here (unshare(CLONE_NEWPID): EPERM"),
+        "{log}"
+    );
+    case.assert_protection_as_said("a");
+    let (command, daemon) = (case.pid_of("start"), case.pid_of("daemon"));
+    sigkill_all(&leader_processes(&a, Path::new(LEADER)));
+    assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
+    wait_for("the command to die", Duration::from_secs(2), || {
+        !alive(command)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(daemon),
+        "the daemon is stopped after all: update the docs"
+    );
+}
+
+/// An unprivileged user: the command runs in a PID namespace inside a user namespace that
+/// maps the user to itself (same uid, no capability), and `pkill -9 leader` leaves nothing of
+/// it either. (`leader` runs as nobody, from a copy it can read; the command is a shell.)
+#[test]
+fn as_an_unprivileged_user_the_command_runs_in_a_user_and_pid_namespace() {
+    if !root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let case = Case::new();
+    let open = std::fs::Permissions::from_mode(0o777);
+    std::fs::set_permissions(case.path(), open.clone()).unwrap();
+    let binary = case.path().join("leader");
+    std::fs::copy(LEADER, &binary).unwrap();
+    std::fs::set_permissions(&binary, open).unwrap();
+    let log = case.log().display().to_string();
+    let uid = case.path().join("uid");
+    // Lines as the worker's: KIND TOKEN PID TIME.
+    let script = format!(
+        "id -u > {uid}; read -r me _ < /proc/self/stat; \
+         echo \"start $LEADER_FENCING_TOKEN $me 0\" >> {log}; \
+         setsid sh -c 'trap \"\" TERM INT HUP; read -r me _ < /proc/self/stat; \
+         echo \"daemon $LEADER_FENCING_TOKEN $me 0\" >> {log}; exec sleep 60' & \
+         while :; do sleep 0.1; done",
+        uid = uid.display()
+    );
+    let command = ["sh".to_owned(), "-c".to_owned(), script];
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let mut prefix = nobody.to_vec();
+    prefix.push(binary.to_str().unwrap());
+    let mut a = case.spawn_args("a", "setpriv", &prefix, case.args_for("a", &[], &command));
+    case.wait_for_first_term();
+    let stderr = case.stderr("a");
+    assert!(
+        stderr.contains(
+            "the command runs in a PID namespace of its own, in a user namespace that maps \
+             this user to itself: nothing it starts outlives its supervisor"
+        ),
+        "{stderr}"
+    );
+    case.assert_protection_as_said("a");
+    let uid = std::fs::read_to_string(&uid).unwrap();
+    assert_eq!(uid.trim(), "65534", "the command keeps its uid");
+    let (command, daemon) = (case.pid_of("start"), case.pid_of("daemon"));
+    let ours = leader_processes(&a, &binary);
+    assert_eq!(ours.len(), 3, "leader, supervisor, init: {ours:?}");
+    sigkill_all(&ours);
+    assert_eq!(exit_status(&mut a, Duration::from_secs(5)), Err(9));
+    wait_for(
+        "the command and its daemon to die with the namespace's init",
+        Duration::from_secs(2),
+        || !alive(command) && !alive(daemon),
+    );
+}
+
+/// A command that exits by itself while a process it started runs on: what it left gets the
+/// stop signal and its grace period, as at the end of a term (SIGKILL only for what is still
+/// there after it), and `leader` exits with the command's own code. In a PID namespace, the
+/// namespace's init reports the code and waits for the rest rather than ending the namespace.
+#[test]
+fn what_an_exited_command_left_gets_its_grace_period() {
+    let case = Case::new();
+    let worker = case.worker().join(" ");
+    let command = [
+        "sh".to_owned(),
+        "-c".to_owned(),
+        format!("{worker} & sleep 0.5; exit 3"),
+    ];
+    let mut a = case.spawn_args("a", LEADER, &[], case.args_for("a", &[], &command));
+    case.wait_for_first_term();
+    case.assert_protection_as_said("a");
+    assert_eq!(
+        exit_code(&mut a, Duration::from_secs(10)),
+        3,
+        "{}",
+        case.stderr("a")
+    );
+    let events = case.events();
+    let signalled = events.iter().find(|e| e.kind.starts_with("signal"));
+    let stop = events.iter().find(|e| e.kind == "stop");
+    let (Some(signalled), Some(stop)) = (signalled, stop) else {
+        panic!("the worker was not stopped gracefully: {events:?}");
+    };
+    assert_eq!(signalled.kind, "signal15", "SIGTERM first");
+    assert!(stop.t - signalled.t >= 900_000_000, "{events:?}");
+    for e in &events {
+        assert!(!alive(e.pid), "process {} survived", e.pid);
+    }
+}
+
+/// SIGUSR1 to `leader` is passed on to the command's process group, in its PID namespace as
+/// without: the worker has no handler for it and dies of it, and `leader` exits with its code,
+/// 128+10 (what its daemon left is killed after the grace period).
+#[test]
+fn sigusr1_reaches_the_command_and_its_code_comes_back() {
+    let case = Case::new();
+    let mut a = case.leader("a");
+    case.wait_for_first_term();
+    case.assert_protection_as_said("a");
+    signal(&a, Signal::SIGUSR1);
+    assert_eq!(
+        exit_code(&mut a, Duration::from_secs(10)),
+        128 + 10,
+        "{}",
+        case.stderr("a")
+    );
+    for e in case.events() {
+        assert!(!alive(e.pid), "process {} survived", e.pid);
+    }
 }

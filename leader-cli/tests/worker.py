@@ -2,7 +2,9 @@
 
 Every line it appends to LOG is `KIND TOKEN PID BOOTTIME_NS`, written in one `write` to a file
 opened with O_APPEND, so lines from several processes never tear. BOOTTIME is shared by every
-process of the host, so lines from two terms can be ordered.
+process of the host, so lines from two terms can be ordered. PID is the pid the tests see: the
+command may run in a PID namespace of its own, where `os.getpid()` is another number, but
+`/proc` is the host's and names the process by its pid there.
 
 - `start`: the command began (its pid);
 - `daemon`: a grandchild that left the session (setsid after a double fork) and ignores
@@ -22,8 +24,12 @@ LOG = sys.argv[1]
 TOKEN = os.environ.get("LEADER_FENCING_TOKEN", "?")
 
 
+def host_pid():
+    return int(os.readlink("/proc/self"))
+
+
 def note(kind):
-    line = f"{kind} {TOKEN} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_BOOTTIME)}\n"
+    line = f"{kind} {TOKEN} {host_pid()} {time.clock_gettime_ns(time.CLOCK_BOOTTIME)}\n"
     fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())

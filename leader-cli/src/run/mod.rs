@@ -17,6 +17,7 @@ use leader::{
 };
 use tracing::warn;
 
+use crate::supervise::namespace::{self, Isolation, PidNamespaceMode};
 use crate::{Exit, endpoints, exit, store};
 
 #[derive(Debug, Args)]
@@ -77,6 +78,15 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "LEADER_METRICS_ADDR", value_name = "HOST:PORT",
           value_parser = crate::endpoints::parse_addr)]
     pub(crate) metrics_addr: Option<SocketAddr>,
+    /// Run the command in a PID namespace of its own, whose init is leader's, so that nothing
+    /// it starts outlives its supervisor, even when leader and the supervisor are killed at
+    /// once (pkill -9 leader). auto: where the kernel allows it (root; otherwise in a user
+    /// namespace that maps this user to itself); on: refuse to start (78) where it does not;
+    /// off: never. Inside, the command's pids are the namespace's (see "How the command
+    /// runs" below).
+    #[arg(long, env = "LEADER_PID_NAMESPACE", value_enum, value_name = "MODE",
+          default_value_t = PidNamespaceMode::Auto)]
+    pub(crate) pid_namespace: PidNamespaceMode,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
@@ -186,6 +196,10 @@ pub(crate) struct Plan {
     pub(crate) log_format: &'static str,
     /// `--metrics-addr`, if given.
     pub(crate) endpoint: Option<Endpoint>,
+    /// What keeps the command's descendants from outliving its supervisor.
+    pub(crate) isolation: Isolation,
+    /// `--pid-namespace on`.
+    pub(crate) require_isolation: bool,
 }
 
 /// `--metrics-addr`, bound, with the recorder installed.
@@ -253,6 +267,8 @@ async fn plan(args: &RunArgs, log_format: &'static str) -> Result<Plan, Exit> {
     timing.validate().map_err(config_error)?;
     let grace = check_grace(args.grace, &timing)?;
     let metadata = metadata(&args.meta)?;
+    // Said once, for every term (and every shard) of this run.
+    let isolation = namespace::decide(args.pid_namespace).await?;
     let holder = args
         .id
         .clone()
@@ -275,6 +291,8 @@ async fn plan(args: &RunArgs, log_format: &'static str) -> Result<Plan, Exit> {
         metadata,
         log_format,
         endpoint,
+        isolation,
+        require_isolation: args.pid_namespace == PidNamespaceMode::On,
     })
 }
 

@@ -129,6 +129,8 @@ async fn join(
         key: handle.key().clone(),
         holder: handle.holder_id().clone(),
         shards: Some(shards),
+        isolation: plan.isolation,
+        require_isolation: plan.require_isolation,
     });
     info!(
         store = %args.store_text(), holder = %ctx.holder, shards, ttl = ?timing.ttl,

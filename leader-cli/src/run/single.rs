@@ -96,6 +96,8 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
         key: handle.key().clone(),
         holder,
         shards: None,
+        isolation: plan.isolation,
+        require_isolation: plan.require_isolation,
     };
     let code = campaign(args, handle, &ctx, &mut signals, &lifecycle, wait_until).await;
     lifecycle.finish().await;

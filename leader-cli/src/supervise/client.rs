@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use super::namespace::Isolation;
 use super::{Ended, Report, Request};
 use crate::process_tree::{boottime_ns, descendants_outside};
 use crate::signals::{Inbox, Received, StepDown};
@@ -36,6 +37,10 @@ pub(crate) struct Ctx {
     pub(crate) holder: HolderId,
     /// The number of shards, in a sharded run.
     pub(crate) shards: Option<u32>,
+    /// What keeps the command's descendants from outliving its supervisor (decided once).
+    pub(crate) isolation: Isolation,
+    /// `--pid-namespace on`: a supervisor that cannot have that isolation starts nothing.
+    pub(crate) require_isolation: bool,
 }
 
 /// How a supervised run of the command ended.
@@ -429,7 +434,12 @@ fn spawn_supervisor(ctx: &Ctx, term: &Term, socket: &Path, deadline: u64) -> Res
         .arg("--grace")
         .arg(format!("{}ns", ctx.grace.as_nanos()))
         .arg("--deadline")
-        .arg(deadline.to_string());
+        .arg(deadline.to_string())
+        .arg("--isolation")
+        .arg(ctx.isolation.as_str());
+    if ctx.require_isolation {
+        command.arg("--require-isolation");
+    }
     if let (Some(shard), Some(shards)) = (term.shard(), ctx.shards) {
         command
             .arg("--shard")

@@ -7,9 +7,13 @@
 //! never started once the term's deadline has passed; it gets its stop signal at
 //! `deadline - grace` and SIGKILL at the deadline, with every process it started; the lease is
 //! released only after all of them have exited; and if `leader` or the supervisor is killed,
-//! the other (or the kernel) still stops the command in time.
+//! the other (or the kernel) still stops the command in time. Where the kernel allows it
+//! (`namespace`), the command runs in a PID namespace whose init is ours (`init`), so that
+//! nothing it started survives even when both are killed at once.
 
 pub(crate) mod client;
+mod init;
+pub(crate) mod namespace;
 pub(crate) mod process;
 
 use nix::sys::signal::Signal;
@@ -116,6 +120,37 @@ impl Report {
     }
 }
 
+/// A message from the init of the command's PID namespace to its supervisor, one datagram
+/// each (`init`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FromInit {
+    /// Init runs, and its supervisor was alive to receive this.
+    Ready,
+    /// The command runs with this pid, as the supervisor sees it (0: not found).
+    Started(i32),
+    /// The command exited with this code (128+N for signal N); what it started may still run.
+    Exited(u8),
+}
+
+impl FromInit {
+    fn encode(self) -> String {
+        match self {
+            FromInit::Ready => "ready".to_owned(),
+            FromInit::Started(pid) => format!("started {pid}"),
+            FromInit::Exited(code) => format!("exited {code}"),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        match text.split_once(' ').unwrap_or((text, "")) {
+            ("ready", "") => Some(FromInit::Ready),
+            ("started", pid) => pid.parse().ok().map(FromInit::Started),
+            ("exited", code) => code.parse().ok().map(FromInit::Exited),
+            _ => None,
+        }
+    }
+}
+
 /// The exit code of a process that ended with `status` (128+N for signal N).
 pub(crate) fn code_of(status: WaitStatus) -> Option<u8> {
     match status {
@@ -154,6 +189,14 @@ mod tests {
             let line = r.encode();
             assert_eq!(Report::parse(line.trim_end()), Some(r), "{line}");
         }
+        for m in [
+            FromInit::Ready,
+            FromInit::Started(4242),
+            FromInit::Exited(137),
+        ] {
+            assert_eq!(FromInit::parse(&m.encode()), Some(m), "{m:?}");
+        }
+        assert_eq!(FromInit::parse("exited 300"), None);
         assert_eq!(Request::parse("stop banana"), None);
         assert_eq!(Report::parse("done maybe 1"), None);
     }

@@ -9,6 +9,10 @@
 //! - starts the command through `leader __exec`, which sets `PR_SET_PDEATHSIG` (SIGKILL) on
 //!   itself, checks the deadline on `CLOCK_BOOTTIME` once more, and only then execs the
 //!   command in a process group of its own;
+//! - where `leader run` found the kernel to allow it (`--isolation`), enters a new PID
+//!   namespace first, so that `leader __exec` is the namespace's init and starts the command
+//!   instead of becoming it (`super::init`): when that init dies, of SIGKILL or because this
+//!   process died, the kernel kills everything in the namespace;
 //! - sends every descendant the stop signal at `deadline - grace` and SIGKILL at the deadline
 //!   (both on `CLOCK_BOOTTIME`, from a timer, not a poll), unless `leader` extends the
 //!   deadline before;
@@ -23,7 +27,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
@@ -40,8 +44,9 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getppid};
 use tracing::{error, info, warn};
 
-use super::{Ended, NOT_STARTED, Report, Request, code_of};
-use crate::process_tree::{boottime_ns, signal_descendants};
+use super::namespace::{self, Isolation};
+use super::{Ended, FromInit, NOT_STARTED, Report, Request, code_of};
+use crate::process_tree::{boottime_ns, parent_of, signal_descendants};
 
 /// How often the supervisor repeats SIGKILL while descendants are still being created.
 const KILL_SWEEP: Duration = Duration::from_millis(20);
@@ -71,6 +76,13 @@ pub(crate) struct SuperviseArgs {
     /// The shard whose term this is, in a sharded run (for the log).
     #[arg(long)]
     shard: Option<u32>,
+    /// What keeps the command's descendants from outliving this process, as `leader run`
+    /// found at start-up.
+    #[arg(long, value_enum, default_value_t = Isolation::None)]
+    isolation: Isolation,
+    /// Do not start the command if that isolation is refused now (`--pid-namespace on`).
+    #[arg(long)]
+    require_isolation: bool,
     /// The command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -84,6 +96,10 @@ pub(crate) struct ExecArgs {
     /// Do not start the command at or after this instant (nanoseconds on CLOCK_BOOTTIME).
     #[arg(long)]
     not_after: u64,
+    /// Be the init of the command's PID namespace, and report to the supervisor through the
+    /// datagram socket at this path.
+    #[arg(long)]
+    init_report: Option<PathBuf>,
     /// The command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -101,6 +117,9 @@ pub(crate) fn exec(args: ExecArgs) -> u8 {
     if let Err(e) = SigSet::empty().thread_set_mask() {
         eprintln!("leader: cannot clear the signal mask for the command: {e}");
         return crate::exit::UNAVAILABLE;
+    }
+    if let Some(report) = &args.init_report {
+        return super::init::run(report, args.not_after, &args.command);
     }
     if getppid().as_raw() != args.supervisor {
         return NOT_STARTED; // the supervisor died before the command could start
@@ -134,9 +153,14 @@ struct Supervisor {
     grace: u64,
     deadline: u64,
     phase: Phase,
-    /// The command's pid, until it is reaped.
+    /// The process this one started (`leader __exec`), until it is reaped: the command itself,
+    /// or the init of the command's PID namespace, which starts the command.
+    child: Option<Pid>,
+    /// The command's pid (and process group), while it runs.
     command: Option<Pid>,
-    /// The command's exit code, once reaped.
+    /// In a PID namespace: the socket on which its init reports (`FromInit`).
+    init: Option<UnixDatagram>,
+    /// The command's exit code, once it has exited.
     code: Option<u8>,
     /// No child is left (so, being a subreaper, no descendant either).
     empty: bool,
@@ -167,6 +191,31 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The isolation this term gets: what `leader run` decided, unless the kernel refuses it now.
+/// Then the command does not start if `--pid-namespace on` asked for it (or if this process
+/// cannot go back); otherwise it runs without, and the log says so.
+fn isolation_in_force(
+    args: &SuperviseArgs,
+    entered: Result<(), namespace::Failure>,
+) -> Result<Isolation, String> {
+    match entered {
+        Ok(()) => Ok(args.isolation),
+        Err(f) if args.require_isolation || f.changed => Err(format!(
+            "no PID namespace for the command ({}); not starting it",
+            f.reason
+        )),
+        Err(f) => {
+            error!(
+                reason = %f.reason,
+                "the PID namespace found at start-up is refused now: this term's command runs \
+                 without one (what it starts survives SIGKILL of leader and its supervisor at \
+                 once)"
+            );
+            Ok(Isolation::None)
+        }
+    }
+}
+
 impl Supervisor {
     /// Sets up, then starts the command unless the deadline is too close. Returns the logging
     /// guard too (keep it until exit).
@@ -182,9 +231,15 @@ impl Supervisor {
             mask.add(s);
         }
         mask.thread_block().map_err(step("block signals"))?;
+        // Before the log writer thread starts: only a single-threaded process may enter a user
+        // namespace.
+        let prepared = namespace::prepare(args.isolation);
         // After blocking: the log writer thread inherits the mask, so every signal reaches the
         // signalfd, never that thread.
         let log = crate::init_logging(log_format);
+        // After the thread starts: once a PID namespace awaits its children, no thread can.
+        let entered = prepared.and_then(|()| namespace::enter_pid(args.isolation));
+        let isolation = isolation_in_force(args, entered)?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
             .map_err(step("signalfd"))?;
         let timer = TimerFd::new(
@@ -206,7 +261,9 @@ impl Supervisor {
             grace,
             deadline: args.deadline,
             phase: Phase::Running,
+            child: None,
             command: None,
+            init: None,
             code: None,
             empty: false,
             control: Some(control),
@@ -219,13 +276,36 @@ impl Supervisor {
             s.report(Report::Done(Ended::NotStarted, NOT_STARTED));
             return Ok((None, log));
         }
+        s.spawn(args, isolation, not_after)?;
+        Ok((Some(s), log))
+    }
+
+    /// Starts `leader __exec`: the command, or in a PID namespace its init.
+    fn spawn(
+        &mut self,
+        args: &SuperviseArgs,
+        isolation: Isolation,
+        not_after: u64,
+    ) -> Result<(), String> {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .arg("__exec")
             .arg("--supervisor")
             .arg(std::process::id().to_string())
             .arg("--not-after")
-            .arg(not_after.to_string())
+            .arg(not_after.to_string());
+        if isolation != Isolation::None {
+            // Beside the control socket, in `leader`'s private folder for this term.
+            let path = args.control.with_file_name("init");
+            let _ = std::fs::remove_file(&path);
+            let socket = UnixDatagram::bind(&path)
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .map_err(|e| format!("the socket of the namespace's init: {e}"))?;
+            self.init = Some(socket);
+            command.arg("--init-report").arg(&path);
+        }
+        let child = command
             .arg("--")
             .args(&args.command)
             .spawn()
@@ -233,9 +313,13 @@ impl Supervisor {
         let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
         // Reaped with waitpid below, not through `child`.
         drop(child);
-        s.command = Some(pid);
-        s.report(Report::Started(pid.as_raw()));
-        Ok((Some(s), log))
+        self.child = Some(pid);
+        if self.init.is_none() {
+            self.command = Some(pid);
+            self.report(Report::Started(pid.as_raw()));
+        }
+        // In a namespace, `Started` waits for init to say the command's pid.
+        Ok(())
     }
 
     fn report(&mut self, report: Report) {
@@ -274,6 +358,9 @@ impl Supervisor {
             if let Some(c) = &self.control {
                 fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
             }
+            if let Some(i) = &self.init {
+                fds.push(PollFd::new(i.as_fd(), PollFlags::POLLIN));
+            }
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
@@ -293,9 +380,10 @@ impl Supervisor {
         }
     }
 
-    /// `Some(why)` once the command has been reaped and no descendant is left.
+    /// `Some(why)` once the command (or its namespace's init) has been reaped and no
+    /// descendant is left.
     fn finished(&self) -> Option<Ended> {
-        if self.command.is_some() || !self.empty {
+        if self.child.is_some() || !self.empty {
             return None;
         }
         Some(match self.phase {
@@ -343,7 +431,10 @@ impl Supervisor {
         }
         let kill_by = boottime_ns().saturating_add(self.grace);
         self.phase = Phase::Stopping { kill_by, why };
-        let n = signal_descendants(Pid::this(), first);
+        // The namespace's init, if any, ignores them (it has no handler); everything it
+        // started gets them.
+        let n = signal_descendants(Pid::this(), first)
+            .saturating_sub(usize::from(self.init.is_some() && self.child.is_some()));
         signal_descendants(Pid::this(), Signal::SIGCONT);
         info!(signal = %first, processes = n, why = why.as_str(), "stopping the command");
     }
@@ -378,28 +469,86 @@ impl Supervisor {
     }
 
     fn reap(&mut self) {
+        // First what init reported before it exited: the command's own exit code.
+        self.read_init();
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => return,
                 Ok(status) => {
-                    if status.pid() == self.command {
-                        self.code = code_of(status);
-                        self.command = None;
-                        if matches!(self.phase, Phase::Running) {
-                            // Whatever it left behind must not outlive it.
-                            self.stop(Signal::SIGTERM, Ended::Exited);
+                    if status.pid() == self.child {
+                        self.child = None;
+                        // An init that exited by itself exits with the command's code; one
+                        // killed before it could report takes the command with it.
+                        if self.code.is_none() {
+                            self.code = code_of(status);
                         }
+                        self.command_exited();
                     }
                 }
                 Err(Errno::EINTR) => {}
                 Err(_) => {
-                    // ECHILD: no child left, hence (as a subreaper) no descendant.
+                    // ECHILD: no child left, hence (as a subreaper) no descendant; in a
+                    // namespace, init has gone, and the kernel ends it only once it is empty.
                     self.empty = true;
+                    self.child = None;
                     self.command = None;
                     return;
                 }
             }
         }
+    }
+
+    /// The command has exited: whatever it left behind must not outlive it.
+    fn command_exited(&mut self) {
+        self.command = None;
+        if matches!(self.phase, Phase::Running) {
+            self.stop(Signal::SIGTERM, Ended::Exited);
+        }
+    }
+
+    /// Reads what the namespace's init reported.
+    fn read_init(&mut self) {
+        let mut buf = [0u8; 64];
+        loop {
+            let Some(socket) = &self.init else { return };
+            let n = match socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            };
+            match FromInit::parse(&String::from_utf8_lossy(&buf[..n])) {
+                Some(FromInit::Ready) => {}
+                Some(FromInit::Started(pid)) => {
+                    if pid > 0 {
+                        self.command = Some(Pid::from_raw(pid));
+                    } else {
+                        warn!("the command's pid is unknown: USR1 and USR2 will not reach it");
+                    }
+                    let shown = if pid > 0 {
+                        Some(pid)
+                    } else {
+                        self.child.map(Pid::as_raw)
+                    };
+                    self.report(Report::Started(shown.unwrap_or(0)));
+                }
+                Some(FromInit::Exited(code)) => {
+                    self.code = Some(code);
+                    self.command_exited();
+                }
+                None => warn!("an unknown message from the namespace's init"),
+            }
+        }
+    }
+
+    /// The command's process group, while the command is there (running, or not yet reaped).
+    fn command_group(&self) -> Option<Pid> {
+        let command = self.command?;
+        if self.init.is_none() {
+            // This process's own child: its pid is not reused before this process reaps it.
+            return Some(command);
+        }
+        // Init's child: once init has reaped it, its pid may be another process's.
+        (parent_of(command) == self.child).then_some(command)
     }
 
     fn read_control(&mut self) {
@@ -448,8 +597,8 @@ impl Supervisor {
                 self.kill_now(why);
             }
             Request::Forward(sig) => {
-                if let Some(pid) = self.command {
-                    let _ = killpg(pid, sig);
+                if let Some(group) = self.command_group() {
+                    let _ = killpg(group, sig);
                 }
             }
         }
