@@ -268,8 +268,8 @@ class Cluster:
         if target.cut_peers:
             return True
         if conn.source is None:
-            # Of no member we can find (one that closed it at once, as a ZooKeeper server of
-            # a lower id does): cut while any member is, never let through by mistake.
+            # Of no member we can find (one already closed by its opener, say): cut while any
+            # member is, never let through by mistake.
             return any(m.cut_peers for m in self.members)
         return self.members[conn.source].cut_peers
 
@@ -416,7 +416,12 @@ class Cluster:
                 and int(parts[1]) < MEMBERS
                 and parts[2] in ACTIONS
             ):
-                body = await loop.run_in_executor(None, self.act, int(parts[1]), parts[2])
+                if parts[2] in ("stop", "start", "kill"):
+                    # They wait for the process: off the loop. They touch no connection.
+                    body = await loop.run_in_executor(None, self.act, int(parts[1]), parts[2])
+                else:
+                    # Cuts and heals change the loop's transports: on the loop itself.
+                    body = self.act(int(parts[1]), parts[2])
             else:
                 code, body = 404, {"error": f"no such request: {method} {path}"}
         except Exception as e:  # an answer, whatever went wrong

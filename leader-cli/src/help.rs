@@ -75,7 +75,12 @@ How the command runs:
   so a pid file, `pgrep` or `ps` does not name the same process inside and outside: use
   --pid-namespace off for a command that relies on that. For a user other than root the
   namespace sits in a user namespace that maps the user to itself: the same uid, no
-  capability, and setuid programs (sudo) gain nothing in it.
+  capability; setuid and setcap programs (sudo, fusermount, newuidmap for rootless podman)
+  gain nothing in it, other users' files show as 65534, and the command's parent pid is 1.
+  Covered: every process the command forks, not one it has a service manager start
+  (systemd-run, at). A supervisor refused a namespace later than the start-up check runs
+  that term without one (an error in the log; with --pid-namespace on, the term does not
+  start the command).
 
 Signals:
   SIGTERM, SIGINT, SIGHUP, SIGQUIT to leader (or its whole process group): passed on to the

@@ -60,13 +60,7 @@ impl Rpc {
     async fn request<T>(&self, message: T, left: Duration) -> Result<Request<T>, Status> {
         let mut request = Request::new(message);
         request.set_timeout(left);
-        // A member that has lost the cluster's leader (cut off from the majority) refuses at
-        // once with "no leader" (retried, and sent to another member) instead of holding the
-        // request until it times out; and it cancels a watch opened on it, which the store
-        // then opens again (clientv3's WithRequireLeader).
-        request
-            .metadata_mut()
-            .insert("hasleader", AsciiMetadataValue::from_static("true"));
+        require_leader(&mut request);
         if let Some(auth) = &self.auth {
             let cached = auth.token.read().ok().and_then(|t| t.clone());
             let token = match cached {
@@ -88,6 +82,9 @@ impl Rpc {
             password: auth.password.clone(),
         });
         request.set_timeout(left);
+        // etcd reads linearizably before it checks the password: on a member without a leader
+        // that would take the whole budget.
+        require_leader(&mut request);
         let answer: wire::AuthenticateResponse = self.call(AUTHENTICATE, request).await?;
         let token = AsciiMetadataValue::try_from(answer.token.as_str())
             .map_err(|_| Status::internal("etcd returned an auth token that is not ASCII"))?;
@@ -211,9 +208,12 @@ impl Rpc {
         Ok(())
     }
 
-    /// The version of the member that answers.
+    /// The version of the member that answers; asked without [`require_leader`], so that a
+    /// member without a leader still tells it (the version warning of `build`).
     pub(crate) async fn version(&self, left: Duration) -> Result<String, Status> {
-        let answer: wire::StatusResponse = self.unary(STATUS, wire::StatusRequest {}, left).await?;
+        let mut request = self.request(wire::StatusRequest {}, left).await?;
+        request.metadata_mut().remove("hasleader");
+        let answer: wire::StatusResponse = self.call(STATUS, request).await?;
         Ok(answer.version)
     }
 
@@ -281,4 +281,15 @@ impl Rpc {
         request.metadata_mut().remove("grpc-timeout");
         self.open(WATCH, request).await
     }
+}
+
+/// Asks the member to refuse the request with "no leader" if it has lost the cluster's leader
+/// (cut off from the majority) rather than hold it until it times out (clientv3's
+/// `WithRequireLeader`). etcd says so after its own check (about an election timeout, 1 to
+/// 2 s by default); the refusal is never applied, and the call is retried on the balanced
+/// channel. A watch on such a member is cancelled by etcd, and the store opens it again.
+fn require_leader<T>(request: &mut Request<T>) {
+    request
+        .metadata_mut()
+        .insert("hasleader", AsciiMetadataValue::from_static("true"));
 }

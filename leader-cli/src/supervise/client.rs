@@ -343,6 +343,10 @@ impl Run {
                 // (PR_SET_PDEATHSIG); whatever else it started is now ours to kill.
                 let killed = matches!(status, Some(WaitStatus::Signaled(..)));
                 if !self.started && !killed && !self.backstop_fired {
+                    // Nothing should be left; but the command may have started after all (its
+                    // report comes from the namespace's init, later than the fork), and a
+                    // namespace may still be going down: look, as after any death.
+                    let _ = tokio::task::spawn_blocking(kill_leftovers).await;
                     return Err(Exit::new(
                         exit::UNAVAILABLE,
                         "the supervisor could not start (see the error above)",

@@ -5,8 +5,8 @@
 //! whatever else is left (every orphan of the namespace becomes its child) and exits, with the
 //! command's code, only once the namespace is empty.
 //!
-//! It handles no signal: the kernel delivers to a namespace's init only the signals it has a
-//! handler for, and SIGKILL (or SIGSTOP) from outside. So the supervisor's stop signals, which
+//! It has no handler for the stop signals (Rust's runtime has its own only for SIGSEGV and
+//! SIGBUS): the kernel delivers to a namespace's init only the signals it has a handler for, and SIGKILL (or SIGSTOP) from outside. So the supervisor's stop signals, which
 //! it sends to every descendant through `/proc`, reach the command and everything it started
 //! and never end this process; the command's process group is the command's own, as without a
 //! namespace. SIGKILL, from the supervisor's kill sweep or from `PR_SET_PDEATHSIG` when the

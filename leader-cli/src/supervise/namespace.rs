@@ -132,6 +132,14 @@ fn attempt() -> Result<Isolation, String> {
     if let Some(why) = holds_capabilities() {
         return Err(format!("{refused}; no user namespace tried: {why}"));
     }
+    // Root without capabilities: before Linux 5.12 it could map uid 0 to itself and give the
+    // command every capability inside.
+    if nix::unistd::geteuid().is_root() {
+        return Err(format!(
+            "{refused}; no user namespace tried: this process runs as root, which the command \
+             would stay inside one"
+        ));
+    }
     match prepare(Isolation::UserPid).and_then(|()| enter_pid(Isolation::UserPid)) {
         Ok(()) => Ok(Isolation::UserPid),
         Err(f) => Err(format!("{refused}; {}", f.reason)),

@@ -480,6 +480,11 @@ impl Supervisor {
                         // An init that exited by itself exits with the command's code; one
                         // killed before it could report takes the command with it.
                         if self.code.is_none() {
+                            // Its report may have come in just before it died (of the kill
+                            // sweep, after the command exited by itself).
+                            self.read_init();
+                        }
+                        if self.code.is_none() {
                             self.code = code_of(status);
                         }
                         self.command_exited();

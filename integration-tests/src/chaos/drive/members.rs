@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 
 use super::super::measure::ms;
 use super::super::process::{leader, logs, term_after, wait_for};
-use super::super::scenario::{SLACK, Scenario};
+use super::super::scenario::Scenario;
 use super::super::{EV_TERM_STARTED, EV_WRITE, OUT_ACCEPTED, duration_us, mono_us};
 use super::Drive;
 use crate::cluster::{Cluster, MemberAction};
@@ -80,13 +80,14 @@ impl Drive<'_> {
     ) -> Result<(), String> {
         cluster.member(l, MemberAction::IsolatePeers).await?;
         let ttl = self.timing.ttl;
+        // Its deadline is at most `ttl - margin` after the cut (after its last renew).
+        let by = ttl - self.timing.margin + Duration::from_millis(500);
         let procs = &*self.procs;
-        let ended = wait_for(ttl + SLACK, || procs[l].term_ended(token)).await;
+        let ended = wait_for(by, || procs[l].term_ended(token)).await;
         if ended.is_none() {
             self.violations.push(format!(
-                "{} kept term {token} for more than {:?} through a member cut from the others",
-                procs[l].id,
-                ttl + SLACK
+                "{} kept term {token} for more than {by:?} through a member cut from the others",
+                procs[l].id
             ));
         }
         let limit = self.wait_limit();
