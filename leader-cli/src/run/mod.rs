@@ -198,6 +198,8 @@ pub(crate) struct Plan {
     pub(crate) endpoint: Option<Endpoint>,
     /// What keeps the command's descendants from outliving its supervisor.
     pub(crate) isolation: Isolation,
+    /// Which protection is in force, said after the store's first read.
+    pub(crate) isolation_note: namespace::Note,
     /// `--pid-namespace on`.
     pub(crate) require_isolation: bool,
 }
@@ -267,8 +269,8 @@ async fn plan(args: &RunArgs, log_format: &'static str) -> Result<Plan, Exit> {
     timing.validate().map_err(config_error)?;
     let grace = check_grace(args.grace, &timing)?;
     let metadata = metadata(&args.meta)?;
-    // Said once, for every term (and every shard) of this run.
-    let isolation = namespace::decide(args.pid_namespace).await?;
+    // For every term (and every shard) of this run; said once the store has been checked.
+    let (isolation, isolation_note) = namespace::decide(args.pid_namespace).await?;
     let holder = args
         .id
         .clone()
@@ -292,6 +294,7 @@ async fn plan(args: &RunArgs, log_format: &'static str) -> Result<Plan, Exit> {
         log_format,
         endpoint,
         isolation,
+        isolation_note,
         require_isolation: args.pid_namespace == PidNamespaceMode::On,
     })
 }

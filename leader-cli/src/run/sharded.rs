@@ -105,6 +105,7 @@ async fn join(
         leader::read_status(&*store, &key),
     )
     .await?;
+    plan.isolation_note.say();
 
     let handle = elector.spawn();
     if let Some(e) = plan.endpoint {

@@ -78,6 +78,7 @@ pub(super) async fn run(args: &RunArgs, source: Source, plan: Plan) -> Result<u8
         };
         endpoints::serve(e.listener, e.prometheus, instance);
     }
+    plan.isolation_note.say();
     info!(store = %args.store_text(), holder = %holder, ttl = ?timing.ttl, grace = ?plan.grace, "campaigning");
     let wait_until = match args.wait {
         Some(w) => Some(

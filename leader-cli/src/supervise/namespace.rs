@@ -182,26 +182,16 @@ async fn probe_child() -> Result<Isolation, String> {
 const UNCOVERED: &str = "what the command starts survives SIGKILL of leader and its supervisor \
                          at once (pkill -9 leader); run it under systemd or unshare";
 
-/// The protection every term of this `leader run` gets, said once at start-up. `On` refuses
-/// to start (78) where the kernel refuses the namespace.
-pub(crate) async fn decide(mode: PidNamespaceMode) -> Result<Isolation, Exit> {
+/// The protection every term of this `leader run` gets, decided at start-up: `On` refuses
+/// to start (78) where the kernel refuses the namespace. The returned [`Note`] says which
+/// protection is in force, once the store has been checked (so that a permanent store error
+/// stays the only line a failed start prints).
+pub(crate) async fn decide(mode: PidNamespaceMode) -> Result<(Isolation, Note), Exit> {
     if mode == PidNamespaceMode::Off {
-        info!(pid_namespace = "off", "--pid-namespace off: {UNCOVERED}");
-        return Ok(Isolation::None);
+        return Ok((Isolation::None, Note::Off));
     }
     match (probe_child().await, mode) {
-        (Ok(isolation), _) => {
-            let how = match isolation {
-                Isolation::UserPid => ", in a user namespace that maps this user to itself",
-                _ => "",
-            };
-            info!(
-                pid_namespace = isolation.as_str(),
-                "the command runs in a PID namespace of its own{how}: nothing it starts outlives \
-                 its supervisor"
-            );
-            Ok(isolation)
-        }
+        (Ok(isolation), _) => Ok((isolation, Note::InForce(isolation))),
         (Err(why), PidNamespaceMode::On) => Err(Exit::new(
             exit::CONFIG,
             format!(
@@ -211,12 +201,41 @@ pub(crate) async fn decide(mode: PidNamespaceMode) -> Result<Isolation, Exit> {
                  or off"
             ),
         )),
-        (Err(why), _) => {
-            info!(
+        (Err(why), _) => Ok((Isolation::None, Note::Refused(why))),
+    }
+}
+
+/// The start-up line on the protection in force; see [`decide`].
+#[derive(Debug)]
+pub(crate) enum Note {
+    /// `--pid-namespace off`.
+    Off,
+    /// A namespace is used.
+    InForce(Isolation),
+    /// The kernel refused it (the reason) under `auto`.
+    Refused(String),
+}
+
+impl Note {
+    /// Logs the line, at the default level.
+    pub(crate) fn say(&self) {
+        match self {
+            Note::Off => info!(pid_namespace = "off", "--pid-namespace off: {UNCOVERED}"),
+            Note::InForce(isolation) => {
+                let how = match isolation {
+                    Isolation::UserPid => ", in a user namespace that maps this user to itself",
+                    _ => "",
+                };
+                info!(
+                    pid_namespace = isolation.as_str(),
+                    "the command runs in a PID namespace of its own{how}: nothing it starts \
+                     outlives its supervisor"
+                );
+            }
+            Note::Refused(why) => info!(
                 pid_namespace = "none",
                 "PID namespaces are refused here ({why}): {UNCOVERED}"
-            );
-            Ok(Isolation::None)
+            ),
         }
     }
 }
