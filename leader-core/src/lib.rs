@@ -16,7 +16,8 @@
 //!   still matches). [`MemoryStore`] and [`FileStore`] here; the stores of the suite are a
 //!   local folder and memory (`leader-core`), Azure Blob (`leader-azure`), DynamoDB
 //!   (`leader-dynamo`), Amazon S3 (`leader-s3`), Google Cloud Storage (`leader-gcs`), etcd
-//!   (`leader-etcd`) and ZooKeeper (`leader-zookeeper`).
+//!   (`leader-etcd`), ZooKeeper (`leader-zookeeper`)
+//!   and a Raft group of the instances themselves (`leader-raft`).
 //! - [`LeaseClient`]: the protocol over any backend (staleness on the local monotonic clock,
 //!   tokens, recovery from lost responses), written once.
 //! - [`Elector`]: campaigns, renews, steps down, releases, and publishes [`Leadership`];

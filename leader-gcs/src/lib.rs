@@ -86,7 +86,8 @@
 //!
 //! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
 //! (`leader-azure`), DynamoDB (`leader-dynamo`), Amazon S3 (`leader-s3`), Google Cloud Storage (`leader-gcs`), etcd
-//! (`leader-etcd`) and ZooKeeper (`leader-zookeeper`). The `leader` crate opens any of them
+//! (`leader-etcd`), ZooKeeper (`leader-zookeeper`)
+//! and a Raft group of the instances themselves (`leader-raft`). The `leader` crate opens any of them
 //! from a URL and re-exports the whole API; the `leader` command (crate `leader-cli`) runs a
 //! program under any of them. The protocol they share is the repository's `docs/protocol.md`.
 
