@@ -11,7 +11,10 @@ Stores:
   azblob://CONTAINER/[FOLDER/]KEY, dynamodb://TABLE/KEY, s3://BUCKET/[FOLDER/]KEY,
   gs://BUCKET/[FOLDER/]KEY,
   etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY (etcds:// for TLS), zk://HOST:PORT[,...]/[PATH/]KEY
-  (the cloud stores, etcd and ZooKeeper when compiled in: all are by default)
+  raft://HOST:PORT,HOST:PORT,HOST:PORT/KEY (rafts:// for mutual TLS): no store at all; the
+    instances are the Raft group (3 or 5), each with --raft-listen (its own HOST:PORT of the
+    URL) and --raft-dir (its data folder, kept across restarts)
+  (the cloud stores, etcd, ZooKeeper and Raft when compiled in: all are by default)
 
 Credentials (each cloud's usual chain; nothing to pass on the command line):
   azblob://   AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY
@@ -28,6 +31,8 @@ Credentials (each cloud's usual chain; nothing to pass on the command line):
               LEADER_ETCD_CA_FILE adds a CA to trust for etcds://
   zk://       none (open ACLs on the parent node; each term's node is writable only by its
               own session)
+  rafts://    --raft-ca, --raft-cert, --raft-key: the CA that signed every member's
+              certificate, and this member's certificate (naming its host) and key, PEM
   TLS trusts the system's roots; SSL_CERT_FILE (a PEM bundle) replaces them.
   --endpoint URL moves the store (credentials unchanged; for etcd:// and zk:// it replaces
   the hosts). Emulators: --emulator, or their own variables (STORAGE_EMULATOR_HOST, an
@@ -42,7 +47,7 @@ Examples:
   leader run --store dynamodb://leases/nightly --ttl 30s -- ./nightly.sh
   leader status --store gs://my-leases/nightly --watch
 
-Stores: file://, azblob://, dynamodb://, s3://, gs://, etcd://, zk:// (`leader run --help` has
+Stores: file://, azblob://, dynamodb://, s3://, gs://, etcd://, zk://, raft:// (`leader run --help` has
 the URLs and credentials). `leader run --help` also has the timing, the signals, the command's
 environment and every exit code; the whole reference, with the protocol behind it, is in the
 repository's docs/cli.md and docs/protocol.md.";

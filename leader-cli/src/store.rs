@@ -26,6 +26,29 @@ pub(crate) struct StoreOptions {
     /// s3:// and gs://: create the bucket first. etcd:// has nothing to create.
     #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
     pub(crate) create_if_missing: bool,
+    /// raft:// only: this instance's own address, one of the URL's HOST:PORT (bound exactly;
+    /// the group's members talk to it there).
+    #[arg(long, env = "LEADER_RAFT_LISTEN", value_name = "HOST:PORT")]
+    pub(crate) raft_listen: Option<String>,
+    /// raft:// only: this member's data folder (Raft log, vote, snapshots), created with mode
+    /// 0700. Keep it across restarts: a member whose folder was wiped is refused unless
+    /// --raft-rejoin.
+    #[arg(long, env = "LEADER_RAFT_DIR", value_name = "DIR")]
+    pub(crate) raft_dir: Option<std::path::PathBuf>,
+    /// raft:// only: this member's folder was emptied (its data lost) while the group ran:
+    /// join anyway, taking no part in elections until it has caught up. Needs every other
+    /// member up. Never run two members with the same address.
+    #[arg(long, env = "LEADER_RAFT_REJOIN")]
+    pub(crate) raft_rejoin: bool,
+    /// rafts:// only: the CA (PEM) that signed every member's certificate.
+    #[arg(long, env = "LEADER_RAFT_CA", value_name = "FILE")]
+    pub(crate) raft_ca: Option<std::path::PathBuf>,
+    /// rafts:// only: this member's certificate (PEM), naming its host.
+    #[arg(long, env = "LEADER_RAFT_CERT", value_name = "FILE")]
+    pub(crate) raft_cert: Option<std::path::PathBuf>,
+    /// rafts:// only: this member's private key (PEM).
+    #[arg(long, env = "LEADER_RAFT_KEY", value_name = "FILE")]
+    pub(crate) raft_key: Option<std::path::PathBuf>,
 }
 
 pub(crate) use leader::StoreUrl;
@@ -38,6 +61,15 @@ impl StoreOptions {
             .with_create_if_missing(self.create_if_missing);
         if let Some(endpoint) = &self.endpoint {
             open = open.with_endpoint(endpoint.clone());
+        }
+        if let (Some(listen), Some(dir)) = (&self.raft_listen, &self.raft_dir) {
+            open = open
+                .with_raft_member(listen.clone(), dir.clone())
+                .with_raft_rejoin(self.raft_rejoin);
+        }
+        if let (Some(ca), Some(cert), Some(key)) = (&self.raft_ca, &self.raft_cert, &self.raft_key)
+        {
+            open = open.with_raft_tls(ca.clone(), cert.clone(), key.clone());
         }
         open
     }

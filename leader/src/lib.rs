@@ -3,7 +3,7 @@
 //! The one dependency a program needs: name the store with a URL, get a store that the
 //! [`Elector`] (or the [`ShardedElector`]) campaigns on and that takes fenced writes. The
 //! whole API of `leader-core` is re-exported here, and each store's crate as a module
-//! ([`azure`], [`dynamo`], [`s3`], [`gcs`], [`etcd`], [`zookeeper`]) for its builder and settings. The
+//! ([`azure`], [`dynamo`], [`s3`], [`gcs`], [`etcd`], [`zookeeper`], [`raft`]) for its builder and settings. The
 //! protocol, its timing rules and defaults: the repository's `docs/protocol.md`.
 //!
 //! | URL | store | the lease record | beside it |
@@ -15,6 +15,7 @@
 //! | `dynamodb://TABLE/KEY` | DynamoDB conditional writes (feature `dynamo`) | item `lease#KEY` | token mark `mark#KEY`; protected objects `fenced#NAME` |
 //! | `etcd://HOST:PORT[,HOST:PORT...]/[FOLDER/]KEY` (`etcds://`: TLS) | etcd leases and transactions (feature `etcd`) | key `[FOLDER/]KEY`, attached to the term's etcd lease | protected objects `[FOLDER/].NAME.fenced` |
 //! | `zk://HOST:PORT[,HOST:PORT...]/[PATH/]KEY` | ZooKeeper ephemeral nodes (feature `zookeeper`) | node `/[PATH/]KEY`, owned by the term's session | protected objects `/[PATH/].NAME.fenced` |
+//! | `raft://HOST:PORT,HOST:PORT,HOST:PORT/KEY` (`rafts://`: mutual TLS) | a Raft group of the instances themselves (feature `raft`; [`OpenOptions::with_raft_member`]) | record `KEY` in the group's replicated state | protected objects `NAME` beside it |
 //!
 //! In a blob or object store, the URL's path is the lease blob's or object's name as the
 //! console shows it; the token high-water mark and protected objects sit beside it under
@@ -28,7 +29,8 @@
 //!
 //! The stores of the suite: a local folder and memory (`leader-core`), Azure Blob
 //! (`leader-azure`), DynamoDB (`leader-dynamo`), Amazon S3 (`leader-s3`), Google Cloud Storage
-//! (`leader-gcs`), etcd (`leader-etcd`) and ZooKeeper (`leader-zookeeper`); the `leader`
+//! (`leader-gcs`), etcd (`leader-etcd`), ZooKeeper (`leader-zookeeper`)
+//! and a Raft group of the instances themselves (`leader-raft`); the `leader`
 //! command (crate `leader-cli`) runs a program under any of them.
 //!
 //! # Example
@@ -88,6 +90,9 @@ pub use leader_gcs as gcs;
 /// Scale-in and preemption notices, and scale-in protection while leading.
 #[cfg(feature = "notices")]
 pub use leader_notice as notice;
+/// The backend crates, for their builders and store-specific settings.
+#[cfg(feature = "raft")]
+pub use leader_raft as raft;
 /// The backend crates, for their builders and store-specific settings.
 #[cfg(feature = "s3")]
 pub use leader_s3 as s3;
@@ -173,6 +178,17 @@ pub enum StoreUrl {
         /// The lease key.
         key: LeaseKey,
     },
+    /// `raft://HOST:PORT,HOST:PORT,HOST:PORT/KEY` (or `rafts://` for mutual TLS): a Raft group
+    /// of the instances themselves, whose members are the URL's addresses; the lease is the
+    /// record `KEY` in its replicated state.
+    Raft {
+        /// The group's members, `host:port` each, as given.
+        members: Vec<String>,
+        /// Whether the members talk mutual TLS (`rafts://`).
+        tls: bool,
+        /// The lease key.
+        key: LeaseKey,
+    },
     /// `zk://HOST:PORT[,HOST:PORT...]/[PATH/]KEY`: the lease is the node `/[PATH/]KEY`.
     ZooKeeper {
         /// The ensemble's servers, `host:port` each.
@@ -237,7 +253,7 @@ impl StoreUrl {
     pub fn parse(input: &str) -> Result<Self, Error> {
         let bad = |why: &str| invalid(format!("store URL {input:?}: {why}"));
         if let Some((scheme, rest)) = input.trim().split_once("://")
-            && matches!(scheme, "etcd" | "etcds" | "zk")
+            && matches!(scheme, "etcd" | "etcds" | "zk" | "raft" | "rafts")
         {
             // Several hosts with ports: not a URL the `url` crate parses.
             let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -255,6 +271,18 @@ impl StoreUrl {
                 return Err(bad(&format!("expected {scheme}://HOST:PORT/[FOLDER/]KEY")));
             }
             let key = LeaseKey::new(key.to_owned()).map_err(|e| bad(&e.to_string()))?;
+            if scheme.starts_with("raft") {
+                if !folder.is_empty() {
+                    return Err(bad(&format!(
+                        "a Raft group's keys have no folders: {scheme}://HOST:PORT,.../KEY"
+                    )));
+                }
+                return Ok(StoreUrl::Raft {
+                    members: hosts,
+                    tls: scheme == "rafts",
+                    key,
+                });
+            }
             return Ok(if scheme == "zk" {
                 StoreUrl::ZooKeeper {
                     hosts,
@@ -341,7 +369,7 @@ impl StoreUrl {
             }),
             other => Err(format!(
                 "unknown scheme {other:?}; use file://, azblob://, dynamodb://, s3://, gs://, \
-                 etcd:// or zk://"
+                 etcd://, zk:// or raft://"
             )),
         }
     }
@@ -355,6 +383,7 @@ impl StoreUrl {
             | StoreUrl::S3 { key, .. }
             | StoreUrl::Gcs { key, .. }
             | StoreUrl::Etcd { key, .. }
+            | StoreUrl::Raft { key, .. }
             | StoreUrl::ZooKeeper { key, .. } => key,
         }
     }
@@ -396,6 +425,10 @@ impl fmt::Display for StoreUrl {
                 let scheme = if *tls { "etcds" } else { "etcd" };
                 write!(f, "{scheme}://{}/{folder}{key}", hosts.join(","))
             }
+            StoreUrl::Raft { members, tls, key } => {
+                let scheme = if *tls { "rafts" } else { "raft" };
+                write!(f, "{scheme}://{}/{key}", members.join(","))
+            }
             StoreUrl::ZooKeeper { hosts, path, key } => {
                 let parent = path.trim_end_matches('/');
                 write!(f, "zk://{}{parent}/{key}", hosts.join(","))
@@ -412,6 +445,16 @@ pub struct OpenOptions {
     endpoint: Option<String>,
     emulator: bool,
     create_if_missing: bool,
+    raft: RaftMember,
+}
+
+/// This instance's place in a `raft://` group: see [`OpenOptions::with_raft_member`].
+#[derive(Clone, Debug, Default)]
+struct RaftMember {
+    listen: Option<String>,
+    dir: Option<PathBuf>,
+    tls: Option<[PathBuf; 3]>,
+    rejoin: bool,
 }
 
 impl OpenOptions {
@@ -433,6 +476,36 @@ impl OpenOptions {
     /// own variable (`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST`) or Azurite's default port.
     pub fn with_emulator(mut self, emulator: bool) -> Self {
         self.emulator = emulator;
+        self
+    }
+
+    /// For a `raft://` store: this instance is the group's member at `listen` (one of the URL's
+    /// addresses, bound exactly) and keeps its Raft log, vote and snapshots in `dir` (created
+    /// with mode `0700`; keep it across restarts, and never wipe it while the group runs).
+    pub fn with_raft_member(mut self, listen: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
+        self.raft.listen = Some(listen.into());
+        self.raft.dir = Some(dir.into());
+        self
+    }
+
+    /// For a `raft://` store: this member's folder was emptied (its data lost) while the group
+    /// ran; join anyway, taking no part in elections until it has caught up. Without it such a
+    /// member is refused: a member that forgot what it acknowledged weakens the majority's
+    /// memory.
+    pub fn with_raft_rejoin(mut self, rejoin: bool) -> Self {
+        self.raft.rejoin = rejoin;
+        self
+    }
+
+    /// For a `rafts://` store: the PEM files of the CA that signed every member's certificate,
+    /// and of this member's certificate (naming its host) and private key.
+    pub fn with_raft_tls(
+        mut self,
+        ca: impl Into<PathBuf>,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.raft.tls = Some([ca.into(), cert.into(), key.into()]);
         self
     }
 
@@ -501,6 +574,8 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             };
             Ok(Arc::new(b.build().await?))
         }
+        #[cfg(feature = "raft")]
+        StoreUrl::Raft { members, tls, .. } => open_raft(members, *tls, &options.raft).await,
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper { hosts, path, .. } => {
             let hosts = options.endpoint.clone().unwrap_or_else(|| hosts.join(","));
@@ -517,6 +592,56 @@ pub async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Arc<dyn Store
             "{other}: this backend is not compiled in (enable the `leader` crate's feature \
              for it)"
         ))),
+    }
+}
+
+/// Starts this instance's member of the `raft://` group of `members`.
+#[cfg(feature = "raft")]
+async fn open_raft(
+    members: &[String],
+    tls: bool,
+    member: &RaftMember,
+) -> Result<Arc<dyn Store>, Error> {
+    let (Some(listen), Some(dir)) = (&member.listen, &member.dir) else {
+        return Err(invalid(
+            "a raft:// store is a group of the instances themselves: give this instance's own \
+             address among the URL's (--raft-listen) and its data folder (--raft-dir)"
+                .to_owned(),
+        ));
+    };
+    let mut config = leader_raft::RaftConfig::new(members.iter().cloned(), listen.clone(), dir)
+        .with_rejoin(member.rejoin);
+    match (tls, &member.tls) {
+        (true, Some([ca, cert, key])) => {
+            let material = leader_raft::TlsConfig::from_files(ca, cert, key).map_err(raft_error)?;
+            config = config.with_tls(material);
+        }
+        (true, None) => {
+            return Err(invalid(
+                "rafts:// talks mutual TLS: give the CA, this member's certificate and its key \
+                 (--raft-ca, --raft-cert, --raft-key)"
+                    .to_owned(),
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(invalid(
+                "TLS files were given for a plaintext raft:// group: use rafts:// (or drop them)"
+                    .to_owned(),
+            ));
+        }
+        (false, None) => {}
+    }
+    let store = leader_raft::RaftStore::start(config)
+        .await
+        .map_err(raft_error)?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(feature = "raft")]
+fn raft_error(e: leader_raft::RaftError) -> Error {
+    Error::InvalidConfig {
+        message: e.to_string(),
+        source: Some(Box::new(e)),
     }
 }
 

@@ -100,6 +100,7 @@ fn kind(url: &StoreUrl) -> &'static str {
         StoreUrl::S3 { .. } => "s3",
         StoreUrl::Gcs { .. } => "gcs",
         StoreUrl::Etcd { .. } => "etcd",
+        StoreUrl::Raft { .. } => "raft",
         StoreUrl::ZooKeeper { .. } => "zookeeper",
     }
 }
