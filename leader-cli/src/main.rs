@@ -113,12 +113,13 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// wrong. Their retries and fallbacks are ours to report, once, with the store and the
 /// operation: the AWS credential chain warns (multi-line) for every provider it tries,
 /// azure_core logs each transport failure at INFO, zookeeper_client each session it opens (one
-/// per term) at INFO, and the certificate verifier logs at ERROR what our error message says
-/// too.
+/// per term) at INFO, the certificate verifier logs at ERROR what our error message says
+/// too, and openraft logs at ERROR every call to a member that is down (which a group of three
+/// outlives; `leader_raft` says what matters).
 const DEFAULT_LOG: &str = "info,aws_config=error,aws_runtime=error,aws_smithy_runtime=error,\
 aws_smithy_http_client=error,typespec_client_core=warn,azure_core=warn,azure_identity=warn,\
 google_cloud_auth=warn,google_cloud_gax_internal=warn,google_cloud_storage=warn,\
-zookeeper_client=warn,rustls_platform_verifier=off";
+zookeeper_client=warn,rustls_platform_verifier=off,openraft=off";
 
 pub(crate) fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()

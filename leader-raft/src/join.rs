@@ -90,6 +90,38 @@ pub(crate) fn is_empty(
     Ok(false)
 }
 
+/// Refuses a folder written by a group of other members than `members`: the ids number the
+/// sorted list, so another list would silently renumber the members the log knows.
+pub(crate) fn same_members(
+    folder: &Folder,
+    log: &LogStore,
+    machine: &MachineStore,
+    members: &Members,
+) -> Result<(), RaftError> {
+    let Some(stored) = log
+        .last_membership()
+        .or_else(|| machine.applied_membership())
+    else {
+        return Ok(());
+    };
+    let configured: BTreeMap<u64, String> = members
+        .nodes()
+        .into_iter()
+        .map(|(id, n)| (id, n.addr))
+        .collect();
+    if stored == configured {
+        return Ok(());
+    }
+    Err(RaftError::config(format!(
+        "data folder {} belongs to a group of the members {:?}, but this member was started \
+         with {:?}; start every member with the group's list (the member set is fixed), or give \
+         a new group new folders",
+        folder.path("").display(),
+        stored.values().collect::<Vec<_>>(),
+        members.sorted()
+    )))
+}
+
 /// What a starting member needs to join.
 pub(crate) struct Joiner<'a> {
     pub(crate) folder: &'a Folder,
@@ -226,12 +258,7 @@ impl Handler for Joining {
             // would end a campaign), only the wrong member.
             Request::Write { .. } => Reply::Write(Err(Failure::NotLeader { leader: None })),
             Request::Read { .. } => Reply::Read(Err(Failure::NotLeader { leader: None })),
-            _ => Reply::Refused {
-                reason: "this member is starting with an empty data folder and has not joined \
-                         the group yet"
-                    .to_owned(),
-                members: Vec::new(),
-            },
+            _ => Reply::NotReady,
         }
     }
 }

@@ -132,6 +132,8 @@ pub(crate) enum Reply {
     Read(Result<Answer, Failure>),
     Status(Box<Status>),
     History(History),
+    /// The member is still starting (asking the others before it joins): try again later.
+    NotReady,
     /// The request was refused: the reason, and the refusing member's member set.
     Refused {
         reason: String,
@@ -314,6 +316,9 @@ impl Peers {
 
     fn interpret(&self, address: &str, reply: Reply) -> Result<Reply, CallError> {
         match reply {
+            Reply::NotReady => Err(CallError::NotSent(format!(
+                "member {address} is still starting"
+            ))),
             Reply::Refused { reason, members } => {
                 let message = format!(
                     "member {address} refused this member: {reason} (its members: {members:?}; \

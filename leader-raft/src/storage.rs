@@ -276,6 +276,17 @@ impl LogStore {
         !mem.entries.is_empty() || mem.purged.is_some()
     }
 
+    /// The members (id and address) of the last membership entry in the log, if any.
+    pub(crate) fn last_membership(&self) -> Option<BTreeMap<u64, String>> {
+        let mem = lock(&self.shared.mem);
+        mem.entries.values().rev().find_map(|e| match &e.payload {
+            EntryPayload::Membership(m) => {
+                Some(m.nodes().map(|(id, n)| (*id, n.addr.clone())).collect())
+            }
+            _ => None,
+        })
+    }
+
     /// Whether the log holds anything beyond the initial membership (index 0), which only a
     /// member that has voted for a leader can have received.
     pub(crate) fn has_entries(&self) -> bool {
@@ -469,6 +480,18 @@ impl MachineStore {
     }
 
     /// Whether a snapshot was stored.
+    /// The members (id and address) of the membership last applied, if any.
+    pub(crate) fn applied_membership(&self) -> Option<BTreeMap<u64, String>> {
+        let nodes: BTreeMap<u64, String> = self.read(|m| {
+            m.membership
+                .membership()
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect()
+        });
+        (!nodes.is_empty()).then_some(nodes)
+    }
+
     pub(crate) fn has_snapshot(&self) -> bool {
         lock(&self.shared.snapshot).is_some()
     }

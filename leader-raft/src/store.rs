@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use crate::config::{Members, RaftConfig, RaftTiming};
 use crate::error::RaftError;
 use crate::files::Folder;
-use crate::join::{Gate, Joiner, MARKER, incarnation, is_empty, read_founders};
+use crate::join::{Gate, Joiner, MARKER, incarnation, is_empty, read_founders, same_members};
 use crate::net::{
     Answer, CallError, Failure, Founders, Handler, History, Network, Peers, Query, Reply, Request,
     member_map, serve,
@@ -101,6 +101,7 @@ impl RaftStore {
         let machine = MachineStore::open(&folder, notifier.clone())?;
         let gate = Gate::open_or_closed(folder.path(MARKER))?;
         let empty = is_empty(&folder, &log, &machine, &gate)?;
+        same_members(&folder, &log, &machine, &members)?;
         let listener =
             TcpListener::bind(&config.listen)
                 .await
