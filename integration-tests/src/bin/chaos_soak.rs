@@ -1,6 +1,6 @@
 //! The long form of the chaos drills: `chaos_soak [rounds=N] [parallel=P]
 //! [parallel-BACKEND=P ...] [minutes=M]
-//! [backends=file,azure,dynamo,gcs,s3,s3-localstack,etcd,zookeeper,quorum-file]
+//! [backends=file,azure,dynamo,gcs,s3,s3-localstack,etcd,zookeeper,quorum-file,raft]
 //! [scenarios=sigkill,sigstop,partition,stall,throttle,sigterm,lossy,late,restart,restart-empty,
 //!  member-away,member-kill,member-stop,member-partition,leader-minority,follower-minority,
 //!  rolling-restart]

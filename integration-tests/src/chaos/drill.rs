@@ -16,6 +16,7 @@ use super::checker::{FinalObject, check, check_without_object};
 use super::drive::{RoundContext, drive};
 use super::place::create_place;
 use super::process::{Proc, logs, wait_for};
+use super::raft::RaftGroup;
 use super::restart::Instance;
 use super::{
     BackendKind, END_SIGTERM, EV_EXIT, EV_TERM_ENDED, EV_WRITE, OUT_ACCEPTED, Proxy, mono_us,
@@ -97,7 +98,14 @@ pub async fn run_round(
     let key = "chaos".to_owned();
     let mut instance = None;
     let mut cluster = None;
-    let (url, place) = if scenario.on_cluster() {
+    let mut group = None;
+    let (url, place) = if kind == BackendKind::Raft {
+        // The candidates are the store: a member each, started with them.
+        let g = RaftGroup::new(&dir, cfg.candidates.max(2))?;
+        let place = g.place();
+        group = Some(g);
+        (String::new(), place)
+    } else if scenario.on_cluster() {
         // A member round: a cluster of its own, candidate i talking to member i alone.
         let kind_of = match kind {
             BackendKind::Etcd => ClusterKind::Etcd,
@@ -125,9 +133,10 @@ pub async fn run_round(
     let mut procs = Vec::new();
     for i in 0..cfg.candidates.max(2) {
         let id = format!("c{i}");
-        let (endpoint, proxy) = match &cluster {
-            Some(c) => (c.endpoint(i % 3).to_owned(), None),
-            None => proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?,
+        let (endpoint, proxy) = match (&cluster, &group) {
+            (Some(c), _) => (c.endpoint(i % 3).to_owned(), None),
+            (None, Some(g)) => (g.endpoint(i), None),
+            (None, None) => proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?,
         };
         let args = CandidateArgs {
             backend: kind,
@@ -225,7 +234,11 @@ pub async fn run_round(
         dir.join("store").display().to_string()
     };
     let name = ObjectName::new(format!("{key}-object")).map_err(|e| e.to_string())?;
-    let object = final_object(kind, &endpoint, &place, &name).await;
+    let object = match &group {
+        // Every candidate has exited, and its member with it.
+        Some(g) => g.final_object(&name).await,
+        None => final_object(kind, &endpoint, &place, &name).await,
+    };
     if let Some(store) = instance.as_mut()
         && let Err(e) = store.stop().await
     {

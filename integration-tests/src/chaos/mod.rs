@@ -11,6 +11,8 @@
 //!   in private modules: the scenarios and their bounds (`scenario`), the candidate processes
 //!   and what their logs say (`process`), the driver that injects a round's fault (`drive`), and
 //!   the summary (`summary`).
+//! - [`raft`]: the Raft group of a `raft://` round, whose members are the candidates
+//!   themselves.
 
 pub mod candidate;
 pub mod checker;
@@ -19,6 +21,7 @@ mod drive;
 mod measure;
 mod place;
 mod process;
+pub mod raft;
 mod restart;
 mod scenario;
 mod summary;
@@ -81,11 +84,16 @@ pub enum BackendKind {
     /// [`leader::quorum_from_urls`]: the election over a majority (`docs/quorum.md`), its fenced
     /// objects on the first member. No proxy; a member goes away by renaming its folder.
     QuorumFile,
+    /// A Raft group of the candidates themselves (`raft://`, `docs/raft.md`): each candidate
+    /// process runs one member, at its own loopback address and with its own data folder (see
+    /// [`raft`]). No proxy (the members dial each other's addresses); a member goes away with
+    /// its candidate.
+    Raft,
 }
 
 impl BackendKind {
     /// Every backend.
-    pub const ALL: [BackendKind; 9] = [
+    pub const ALL: [BackendKind; 10] = [
         BackendKind::File,
         BackendKind::Azure,
         BackendKind::Dynamo,
@@ -95,6 +103,7 @@ impl BackendKind {
         BackendKind::Etcd,
         BackendKind::ZooKeeper,
         BackendKind::QuorumFile,
+        BackendKind::Raft,
     ];
 
     /// The name used on command lines and in summaries.
@@ -109,6 +118,7 @@ impl BackendKind {
             BackendKind::Etcd => "etcd",
             BackendKind::ZooKeeper => "zookeeper",
             BackendKind::QuorumFile => "quorum-file",
+            BackendKind::Raft => "raft",
         }
     }
 
@@ -120,7 +130,7 @@ impl BackendKind {
     /// The emulator it needs, if any.
     pub fn emulator(self) -> Option<crate::Emulator> {
         match self {
-            BackendKind::File | BackendKind::QuorumFile => None,
+            BackendKind::File | BackendKind::QuorumFile | BackendKind::Raft => None,
             BackendKind::Azure => Some(crate::Emulator::Azurite),
             BackendKind::Dynamo => Some(crate::Emulator::DynamoDb),
             BackendKind::Gcs => Some(crate::Emulator::Gcs),
@@ -136,7 +146,8 @@ impl BackendKind {
     /// requests, and so does moto's S3 (the same server; a takeover there is three requests, a
     /// fenced write two); etcd's leases last whole seconds (2 s at least with its default election
     /// timeout); ZooKeeper's sessions here last 400 ms at least; a quorum's renew writes
-    /// every member.
+    /// every member; a Raft group's write is stored on disk by a majority of the candidates'
+    /// own members, through the Raft leader (forwarded by any other member).
     pub fn timing(self) -> Timing {
         match self {
             BackendKind::File => Timing::from_ttl(Duration::from_secs(2)),
@@ -144,6 +155,15 @@ impl BackendKind {
                 // Room for slow file writes on a loaded machine: a renew that times out but
                 // lands makes the next one conflict with the term's own write, which drops
                 // that member (docs/quorum.md, rule 4), and with one member away ends the term.
+                let mut t = Timing::from_ttl(Duration::from_secs(2));
+                t.request_timeout = Duration::from_millis(400);
+                t.margin = Duration::from_millis(800);
+                t.renew_every = Duration::from_millis(500);
+                t
+            }
+            BackendKind::Raft => {
+                // Room for the fsyncs of a write (on the Raft leader and one more member) and
+                // a forward, with the three candidates, each a member, on a loaded machine.
                 let mut t = Timing::from_ttl(Duration::from_secs(2));
                 t.request_timeout = Duration::from_millis(400);
                 t.margin = Duration::from_millis(800);
@@ -186,18 +206,25 @@ impl BackendKind {
         }
     }
 
-    /// Whether it can sit behind a proxy (every backend but the file store and the quorum of
-    /// folders).
+    /// Whether it can sit behind a proxy (every backend but the file store, the quorum of
+    /// folders and the Raft group, whose members dial each other's own addresses).
     pub fn proxied(self) -> bool {
-        !matches!(self, BackendKind::File | BackendKind::QuorumFile)
+        !matches!(
+            self,
+            BackendKind::File | BackendKind::QuorumFile | BackendKind::Raft
+        )
     }
 
     /// How much longer than one store's an acquisition may take once the lease is free: none
     /// for one store; over a quorum, a round of reads and two of writes (the first member
-    /// alone, then the others side by side), each bounded by the request timeout.
+    /// alone, then the others side by side), each bounded by the request timeout; in a Raft
+    /// group, the election of a new Raft leader when the old one left with its candidate (up
+    /// to 600 ms after its last heartbeat, and the vote: [`RAFT_ELECTION`]), and a request
+    /// lost to the old leader meanwhile.
     pub fn acquisition(self, t: &Timing) -> Duration {
         match self {
             BackendKind::QuorumFile => t.request_timeout * 3,
+            BackendKind::Raft => RAFT_ELECTION + t.request_timeout,
             _ => Duration::ZERO,
         }
     }
@@ -221,6 +248,11 @@ impl BackendKind {
         matches!(self, BackendKind::S3 | BackendKind::S3LocalStack)
     }
 }
+
+/// The longest a Raft group of the default timing (`leader-raft`'s `RaftTiming`: heartbeats
+/// every 100 ms, election timeouts of 300 to 600 ms) goes without a leader after losing it:
+/// the longest election timeout after the last heartbeat, and the vote.
+pub const RAFT_ELECTION: Duration = Duration::from_millis(700);
 
 /// The fault proxy in front of one candidate's store: HTTP for the cloud stores, TCP for etcd
 /// and ZooKeeper.
@@ -278,7 +310,8 @@ impl Proxy {
 pub type OpenedStore = (Arc<dyn LeaseBackend>, Arc<dyn FencedStore>);
 
 /// Opens `kind` at `endpoint` (the emulator's or a proxy's base URL; the directory for the file
-/// store) in `place` (container, table or bucket; ignored by the file store). With `create`,
+/// store; for a Raft group, the candidate's member, see [`raft`]) in `place` (container, table
+/// or bucket; ignored by the file store; a Raft group's member list). With `create`,
 /// the container or table is created if missing (buckets are created with
 /// [`GcsClient`](crate::gcs::GcsClient) and [`s3::create_bucket`](crate::s3::create_bucket)).
 ///
@@ -340,6 +373,8 @@ pub async fn open_store(
                 source: None,
             });
         }
+        // This process becomes the member; `create` has nothing to create.
+        BackendKind::Raft => return raft::open(endpoint, place, key).await,
     };
     let options = OpenOptions::new()
         .with_emulator(true)
@@ -410,7 +445,8 @@ pub async fn open_election(
 }
 
 /// The fenced store the candidates of `kind` write their protected object through (see
-/// [`open_election`]), for reading it at the end of a round.
+/// [`open_election`]), for reading it at the end of a round (a Raft group's, once its
+/// candidates are gone: [`RaftGroup::final_object`](raft::RaftGroup::final_object)).
 ///
 /// # Errors
 /// The store's error when it cannot be configured or reached.

@@ -33,7 +33,7 @@ fn script() -> PathBuf {
 /// The name `scripts/emulators instance` knows the emulator of `kind` by.
 fn emulator_name(kind: BackendKind) -> Option<&'static str> {
     match kind {
-        BackendKind::File | BackendKind::QuorumFile => None,
+        BackendKind::File | BackendKind::QuorumFile | BackendKind::Raft => None,
         BackendKind::Azure => Some("azurite"),
         BackendKind::Dynamo => Some("moto"),
         BackendKind::Gcs => Some("gcs"),

@@ -218,17 +218,18 @@ impl Scenario {
 mod tests {
     use super::*;
 
-    /// Request-level faults need an HTTP proxy; the file store and the quorum of folders have
-    /// no proxy at all; only a quorum has members to take away.
+    /// Request-level faults need an HTTP proxy; the file store, the quorum of folders and the
+    /// Raft group have no proxy at all; only a quorum has members to take away.
     #[test]
     fn each_backend_gets_the_faults_its_proxy_can_make() {
         for kind in BackendKind::ALL {
             for s in Scenario::ALL {
                 let expected = match s {
                     Scenario::Kill | Scenario::Stop | Scenario::Term => true,
-                    Scenario::Partition | Scenario::Stall | Scenario::Late => {
-                        !matches!(kind, BackendKind::File | BackendKind::QuorumFile)
-                    }
+                    Scenario::Partition | Scenario::Stall | Scenario::Late => !matches!(
+                        kind,
+                        BackendKind::File | BackendKind::QuorumFile | BackendKind::Raft
+                    ),
                     Scenario::Throttle | Scenario::Lossy => matches!(
                         kind,
                         BackendKind::Azure
@@ -241,6 +242,7 @@ mod tests {
                         kind,
                         BackendKind::File
                             | BackendKind::QuorumFile
+                            | BackendKind::Raft
                             | BackendKind::Dynamo
                             | BackendKind::S3
                             | BackendKind::S3LocalStack

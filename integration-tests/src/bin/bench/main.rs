@@ -117,6 +117,7 @@ impl Backend {
         match self.kind() {
             BackendKind::File
             | BackendKind::QuorumFile
+            | BackendKind::Raft
             | BackendKind::Etcd
             | BackendKind::ZooKeeper => None,
             BackendKind::Azure => Some(Cloud::Azure),

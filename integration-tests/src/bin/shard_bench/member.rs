@@ -216,6 +216,13 @@ pub(crate) async fn open(kind: BackendKind, url: &str, place: &str) -> Result<Co
         BackendKind::QuorumFile => {
             return Err("sharded leadership is not offered over a quorum".to_owned());
         }
+        BackendKind::Raft => {
+            return Err(
+                "the shard bench does not run a raft group (each member needs its own address \
+                 and data folder): not supported"
+                    .to_owned(),
+            );
+        }
         BackendKind::Azure => Counted::new(
             leader_azure::AzureLeaseStoreBuilder::new()
                 .with_emulator(url)
