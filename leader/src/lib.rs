@@ -789,6 +789,7 @@ fn needs_endpoint(variable: &str) -> Error {
     feature = "gcs",
     feature = "etcd",
     feature = "zookeeper",
+    feature = "raft",
     feature = "notices"
 ))]
 mod readme_doctests {
@@ -810,6 +811,8 @@ mod readme_doctests {
     struct Etcd;
     #[doc = include_str!("../../leader-zookeeper/README.md")]
     struct ZooKeeper;
+    #[doc = include_str!("../../leader-raft/README.md")]
+    struct Raft;
     #[doc = include_str!("../../leader-notice/README.md")]
     struct Notice;
     #[doc = include_str!("../../docs/sharding.md")]
