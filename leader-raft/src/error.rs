@@ -54,7 +54,8 @@ pub enum RaftError {
     /// was not allowed ([`RaftConfig::rejoin`](crate::RaftConfig::rejoin)).
     #[error(
         "data folder {} is empty, but member {peer} holds the group's history (term {term}): \
-         this member lost its data or never ran before. If so, start it once with rejoin \
+         the group knows this member by a folder it no longer has. If its data was lost, \
+         start it once with rejoin \
          (`--raft-rejoin`): it then takes no part in elections until it has caught up with the \
          group. Never empty a member's folder to repair anything else",
         path.display()

@@ -42,8 +42,6 @@ pub(crate) const MARKER: &str = "rejoining";
 /// How often the wait for the other members is logged.
 const NOTE_EVERY: Duration = Duration::from_secs(5);
 
-/// The file of a member's incarnation.
-const INCARNATION: &str = "incarnation";
 /// The file of the founders' incarnations.
 const FOUNDERS: &str = "founders";
 
@@ -70,17 +68,20 @@ pub(crate) fn is_empty(
     machine: &MachineStore,
     gate: &Gate,
 ) -> Result<bool, RaftError> {
-    let (vote, snapshot) = (log.has_vote(), machine.has_snapshot());
-    if !vote && !log.has_log() && !snapshot {
+    let snapshot = machine.has_snapshot();
+    // A member writes its vote file (with the default vote) before anything else: the default
+    // vote means it never voted and never took a leader's entries.
+    let voted = log.vote().is_some_and(|v| v != Vote::default());
+    if !voted && !log.has_log() && !snapshot {
         return Ok(true);
     }
-    if !vote && (log.has_entries() || snapshot) {
+    if log.vote().is_none() || (!voted && (log.has_entries() || snapshot)) {
         return Err(RaftError::damaged(
             folder.path("vote"),
             "it is missing while the log holds entries: this member forgot its vote",
         ));
     }
-    if vote && !log.has_log() && !snapshot && !gate.is_closed() {
+    if !log.has_log() && !snapshot && !gate.is_closed() {
         return Err(RaftError::damaged(
             folder.path("log"),
             "it is missing or empty while a vote is stored: this member forgot the entries it \
@@ -154,9 +155,13 @@ impl Joiner<'_> {
             tls,
             config,
         } = self;
-        // A new name on every start with an empty folder: whatever survived of the old one
-        // (an incarnation file kept by a partial wipe) must not pass for the founder it was.
-        let incarnation = new_incarnation(folder)?;
+        // The incarnation lives in the vote file: a folder that kept it never voted (its vote
+        // is the default one), so it is still the founder it was (a restart during the first
+        // start); a folder that lost it gets a new one and passes for no founder.
+        let incarnation = match log.incarnation() {
+            Some(name) if !name.is_empty() => name,
+            _ => new_incarnation(log, folder)?,
+        };
         let survey = survey(listener, peers, members, tls, &config.timing, &incarnation).await?;
         let (term, vote, peer, founders) = match survey {
             Survey::Founder(founders) => {
@@ -199,23 +204,12 @@ impl Joiner<'_> {
     }
 }
 
-/// This folder's incarnation, created (durably) if it has none.
-pub(crate) fn incarnation(folder: &Folder) -> Result<String, RaftError> {
-    let path = folder.path(INCARNATION);
-    match read_optional(&path) {
-        Ok(Some(bytes)) if !bytes.is_empty() => Ok(String::from_utf8_lossy(&bytes).into_owned()),
-        Ok(_) => new_incarnation(folder),
-        Err(e) => Err(RaftError::folder(&path, "cannot read it", Some(e))),
-    }
-}
-
-/// A new incarnation for this folder, written durably.
-fn new_incarnation(folder: &Folder) -> Result<String, RaftError> {
-    let path = folder.path(INCARNATION);
+/// A new incarnation for this folder, written durably into its vote file.
+fn new_incarnation(log: &LogStore, folder: &Folder) -> Result<String, RaftError> {
     // Host, process and 32 random bits: never the same name twice for one folder.
     let name = leader_core::HolderId::generate().as_str().to_owned();
-    replace(&path, name.as_bytes())
-        .map_err(|e| RaftError::folder(&path, "cannot write it", Some(e)))?;
+    log.set_incarnation(&name)
+        .map_err(|e| RaftError::folder(folder.path("vote"), "cannot write it", Some(e)))?;
     Ok(name)
 }
 

@@ -2,7 +2,7 @@
 //! and the state machine ([`MachineStore`]: in memory, with its snapshot file).
 //!
 //! Files, all in the data folder:
-//! - `vote`: the vote, JSON, replaced atomically.
+//! - `vote`: the vote and the folder's incarnation (see `join`), JSON, replaced atomically.
 //! - `log`: records of `u32 length | u32 !length | u32 CRC-32 of the payload | JSON payload`
 //!   (little-endian), each an operation: an entry, a
 //!   truncation, a purge, the committed log id. Replayed at start-up. The torn end of the last
@@ -45,6 +45,16 @@ enum LogOp {
     /// Every entry up to this log id is gone.
     Purge(LogId<u64>),
     Committed(Option<LogId<u64>>),
+}
+
+/// Replaces the vote file with `vote` and `incarnation`.
+fn write_vote_file(path: &Path, vote: Vote<u64>, incarnation: &str) -> io::Result<()> {
+    let file = VoteFile {
+        vote,
+        incarnation: incarnation.to_owned(),
+    };
+    let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
+    replace(path, &bytes)
 }
 
 /// The log as replayed.
@@ -223,6 +233,15 @@ struct LogShared {
     file: Mutex<File>,
     mem: Mutex<LogMem>,
     vote: Mutex<Option<Vote<u64>>>,
+    /// The folder's incarnation, kept in the vote file: whatever loses the vote loses it too.
+    incarnation: Mutex<Option<String>>,
+}
+
+/// The content of the vote file.
+#[derive(Serialize, Deserialize)]
+struct VoteFile {
+    vote: Vote<u64>,
+    incarnation: String,
 }
 
 /// The Raft log and vote, on disk. Clones share the same log.
@@ -235,13 +254,17 @@ impl LogStore {
     /// Opens (and replays) the log and vote of `folder`.
     pub(crate) fn open(folder: &Folder) -> std::result::Result<Self, RaftError> {
         let vote_path = folder.path("vote");
-        let vote = match read_optional(&vote_path)
+        let stored = match read_optional(&vote_path)
             .map_err(|e| RaftError::folder(&vote_path, "cannot read the vote", Some(e)))?
         {
             None => None,
-            Some(bytes) => Some(serde_json::from_slice::<Vote<u64>>(&bytes).map_err(|e| {
+            Some(bytes) => Some(serde_json::from_slice::<VoteFile>(&bytes).map_err(|e| {
                 RaftError::damaged(&vote_path, format!("the vote is not readable ({e})"))
             })?),
+        };
+        let (vote, incarnation) = match stored {
+            Some(f) => (Some(f.vote), Some(f.incarnation)),
+            None => (None, None),
         };
         let path = folder.path("log");
         let cannot = |e| RaftError::folder(&path, "cannot read or repair the log", Some(e));
@@ -261,13 +284,29 @@ impl LogStore {
                 file: Mutex::new(file),
                 mem: Mutex::new(mem),
                 vote: Mutex::new(vote),
+                incarnation: Mutex::new(incarnation),
             }),
         })
     }
 
-    /// Whether a vote was ever stored.
-    pub(crate) fn has_vote(&self) -> bool {
-        lock(&self.shared.vote).is_some()
+    /// The stored vote, if any.
+    pub(crate) fn vote(&self) -> Option<Vote<u64>> {
+        *lock(&self.shared.vote)
+    }
+
+    /// The folder's incarnation, if it has one.
+    pub(crate) fn incarnation(&self) -> Option<String> {
+        lock(&self.shared.incarnation).clone()
+    }
+
+    /// Gives the folder the incarnation `name` (durably, in the vote file, with the vote it
+    /// has or the default one).
+    pub(crate) fn set_incarnation(&self, name: &str) -> io::Result<()> {
+        let vote = self.vote().unwrap_or_default();
+        write_vote_file(&self.shared.vote_path, vote, name)?;
+        *lock(&self.shared.vote) = Some(vote);
+        *lock(&self.shared.incarnation) = Some(name.to_owned());
+        Ok(())
     }
 
     /// Whether the log holds anything at all (the initial membership included).
@@ -365,8 +404,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let shared = self.shared.clone();
         let v = *vote;
         blocking(move || {
-            let bytes = serde_json::to_vec(&v).map_err(io::Error::other)?;
-            replace(&shared.vote_path, &bytes)?;
+            let incarnation = lock(&shared.incarnation).clone().unwrap_or_default();
+            write_vote_file(&shared.vote_path, v, &incarnation)?;
             *lock(&shared.vote) = Some(v);
             Ok(())
         })
@@ -479,7 +518,6 @@ impl MachineStore {
         })
     }
 
-    /// Whether a snapshot was stored.
     /// The members (id and address) of the membership last applied, if any.
     pub(crate) fn applied_membership(&self) -> Option<BTreeMap<u64, String>> {
         let nodes: BTreeMap<u64, String> = self.read(|m| {
@@ -492,6 +530,7 @@ impl MachineStore {
         (!nodes.is_empty()).then_some(nodes)
     }
 
+    /// Whether a snapshot was stored.
     pub(crate) fn has_snapshot(&self) -> bool {
         lock(&self.shared.snapshot).is_some()
     }

@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use crate::config::{Members, RaftConfig, RaftTiming};
 use crate::error::RaftError;
 use crate::files::Folder;
-use crate::join::{Gate, Joiner, MARKER, incarnation, is_empty, read_founders, same_members};
+use crate::join::{Gate, Joiner, MARKER, is_empty, read_founders, same_members};
 use crate::net::{
     Answer, CallError, Failure, Founders, Handler, History, Network, Peers, Query, Reply, Request,
     member_map, serve,
@@ -122,7 +122,8 @@ impl RaftStore {
             };
             joiner.first_start(&mut log).await?
         } else {
-            (incarnation(&folder)?, read_founders(&folder)?, false)
+            let incarnation = log.incarnation().unwrap_or_default();
+            (incarnation, read_founders(&folder)?, false)
         };
         let raft_config = Arc::new(config.openraft(!gate.is_closed())?);
         let network = Network {
@@ -352,7 +353,8 @@ impl Node {
 
     /// Answers a vote request; refuses it while this member catches up after a rejoin.
     async fn vote(&self, rpc: VoteRequest<u64>) -> Result<VoteResponse<u64>, OrError<u64>> {
-        if self.gate.is_closed() {
+        // In a group of two every commit had the other member: its vote is safe to take.
+        if self.gate.is_closed() && self.members.sorted().len() > 2 {
             let vote = self.raft.metrics().borrow().vote;
             tracing::debug!(candidate = %rpc.vote, "not voting while catching up after a rejoin");
             return Ok(VoteResponse::new(vote, None, false));

@@ -384,7 +384,8 @@ async fn a_folder_that_lost_part_of_its_state_is_refused() {
     // The log gone, the vote kept: it would vote for a candidate missing what it acknowledged.
     std::fs::remove_file(group.dir(f).join("log")).unwrap();
     damaged(group.try_start_member(f).await.unwrap_err(), "log");
-    // Everything gone but its incarnation and founders: still not the founder it was.
+    // Everything gone but its founders: with the vote file went its incarnation, so it is not
+    // the founder it was.
     std::fs::remove_file(group.dir(f).join("vote")).unwrap();
     group.restart(g).await;
     let err = group.try_start_member(f).await.unwrap_err();
@@ -396,5 +397,36 @@ async fn a_folder_that_lost_part_of_its_state_is_refused() {
     group.stop(g).await;
     std::fs::remove_file(group.dir(g).join("vote")).unwrap();
     damaged(group.try_start_member(g).await.unwrap_err(), "vote");
+    group.shutdown_all().await;
+}
+
+/// A founding member stopped while it waits for the others, and started again after one of
+/// them formed the group counting it in, joins as the founder it is (its incarnation is kept in
+/// its vote file) instead of being taken for an emptied folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_founder_restarted_during_the_first_start_still_joins() {
+    let addresses = support::free_addresses(3);
+    let mut group = Group {
+        tls: vec![None; 3],
+        addresses,
+        root: tempfile::tempdir().unwrap(),
+        members: (0..3).map(|_| None).collect(),
+        timing: support::raft_timing(),
+        snapshot_every: leader_raft::RaftConfig::DEFAULT_SNAPSHOT_EVERY,
+    };
+    let a = tokio::spawn(RaftStore::start(group.config(0)));
+    let c = tokio::spawn(RaftStore::start(group.config(2)));
+    // `a` and `c` answer each other, then `c` is stopped before `b` ever starts.
+    sleep(Duration::from_millis(800)).await;
+    c.abort();
+    let _ = c.await;
+    let b = tokio::spawn(RaftStore::start(group.config(1)));
+    // `a` now has every answer and forms the group; `b` waits for `c`.
+    let a = a.await.unwrap().unwrap();
+    sleep(Duration::from_millis(800)).await;
+    group.members[0] = Some(a);
+    group.restart(2).await;
+    group.members[1] = Some(b.await.unwrap().unwrap());
+    group.leader(Duration::from_secs(10)).await;
     group.shutdown_all().await;
 }

@@ -157,7 +157,8 @@ impl Group {
         self.leader_among(&running, within).await
     }
 
-    /// The index of the member that members `among` agree leads, within `within`.
+    /// The index of the member, one of `among`, that members `among` agree leads (and that
+    /// believes it does), within `within`.
     pub async fn leader_among(&self, among: &[usize], within: Duration) -> usize {
         let deadline = Instant::now() + within;
         loop {
@@ -166,6 +167,7 @@ impl Group {
             if let Some(id) = leader
                 && views.iter().all(|v| v.leader == leader)
                 && let Some(i) = self.index_of(id)
+                && among.contains(&i)
                 && let Some(running) = &self.members[i]
                 && running.status().role == "Leader"
             {
