@@ -12,9 +12,9 @@
 //! - if every member with history knows this member by this incarnation, it is a founder that
 //!   was slow to start and never stored anything: it joins as usual;
 //! - otherwise its folder was emptied since: it refuses to start, unless rejoining was allowed;
-//!   then it records the highest term any member reported as its own vote (so that it follows
-//!   no leader older than the ones it may have helped before) and takes no part in elections
-//!   until it has caught up (see [`Gate`]).
+//!   then it records the highest vote any member reported as its own, granted to no one (so
+//!   that it follows no leader older than the ones it may have helped before, and deposes
+//!   none), and takes no part in elections until it has caught up (see [`Gate`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -49,10 +49,9 @@ const FOUNDERS: &str = "founders";
 pub(crate) enum Survey {
     /// This member founds the group, or joins it as the founder it was: it joins as usual.
     Founder(Founders),
-    /// A member has history and does not know this folder: the highest term and vote
-    /// reported, one such member, and the founders it knows.
+    /// A member has history and does not know this folder: the highest vote reported (its
+    /// term the highest term), one such member, and the founders it knows.
     Emptied {
-        term: u64,
         vote: Vote<u64>,
         peer: String,
         founders: Founders,
@@ -163,18 +162,18 @@ impl Joiner<'_> {
             _ => new_incarnation(log, folder)?,
         };
         let survey = survey(listener, peers, members, tls, &config.timing, &incarnation).await?;
-        let (term, vote, peer, founders) = match survey {
+        let (vote, peer, founders) = match survey {
             Survey::Founder(founders) => {
                 write_founders(folder, &founders)?;
                 return Ok((incarnation, founders, true));
             }
             Survey::Emptied {
-                term,
                 vote,
                 peer,
                 founders,
-            } => (term, vote, peer, founders),
+            } => (vote, peer, founders),
         };
+        let term = vote.leader_id.term;
         if !config.rejoin {
             return Err(RaftError::EmptyFolder {
                 path: config.dir.clone(),
@@ -242,7 +241,6 @@ impl Handler for Joining {
     async fn handle(&self, _from: u64, body: Request) -> Reply {
         match body {
             Request::History => Reply::History(History {
-                term: 0,
                 entries: false,
                 vote: Vote::default(),
                 incarnation: self.incarnation.clone(),
@@ -289,7 +287,6 @@ fn judge(answers: &BTreeMap<u64, History>, members: &Members, incarnation: &str)
     let with_history = || answers.iter().filter(|(_, h)| !h.is_empty());
     match with_history().find(|(_, h)| !knows_me(h)) {
         Some((id, _)) => Survey::Emptied {
-            term: answers.values().map(|h| h.term).max().unwrap_or(0),
             vote: answers
                 .values()
                 .map(|h| h.vote)
@@ -426,7 +423,6 @@ mod tests {
 
     fn history(term: u64, incarnation: &str, founders: &[(u64, &str)]) -> History {
         History {
-            term,
             entries: term > 0,
             vote: Vote::new(term, 2),
             incarnation: incarnation.to_owned(),
@@ -452,7 +448,6 @@ mod tests {
         assert!(matches!(judge(&formed, &members, "x1"), Survey::Founder(f) if f.len() == 3));
         // The same answers to another incarnation: the folder was emptied since.
         let Survey::Emptied {
-            term,
             vote,
             peer,
             founders: known,
@@ -460,7 +455,10 @@ mod tests {
         else {
             panic!("an emptied folder must be told");
         };
-        assert_eq!((term, peer.as_str(), known.len()), (4, "b:2", 3));
+        assert_eq!(
+            (vote.leader_id.term, peer.as_str(), known.len()),
+            (4, "b:2", 3)
+        );
         assert_eq!(vote, Vote::new(4, 2));
     }
 }

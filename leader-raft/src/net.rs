@@ -65,11 +65,9 @@ pub(crate) enum Request {
 /// What a member tells a member with an empty folder of its own state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct History {
-    /// Its current term (0 before the group's first election).
-    pub(crate) term: u64,
     /// Whether its log (or snapshot) holds anything beyond the initial membership.
     pub(crate) entries: bool,
-    /// Its current vote.
+    /// Its current vote, whose term is its current term (0 before the group's first election).
     pub(crate) vote: Vote<u64>,
     /// Its folder's incarnation.
     pub(crate) incarnation: String,
@@ -83,7 +81,7 @@ pub(crate) type Founders = BTreeMap<u64, String>;
 impl History {
     /// A member that has seen no election and no entry.
     pub(crate) fn is_empty(&self) -> bool {
-        self.term == 0 && !self.entries
+        self.vote.leader_id.term == 0 && !self.entries
     }
 }
 

@@ -343,7 +343,6 @@ impl Node {
     fn history(&self) -> History {
         let m = self.raft.metrics().borrow().clone();
         History {
-            term: m.current_term,
             entries: m.last_log_index.is_some_and(|i| i > 0) || m.snapshot.is_some(),
             vote: m.vote,
             incarnation: self.incarnation.clone(),
