@@ -203,15 +203,16 @@ impl GceMetadata {
     /// One GET of each value at once (plain for a value of which nothing is known, else
     /// hanging). Returns at the first notice; else when a hanging GET answered without one; a
     /// plain GET (quick) or a failure waits for the other too, so that the first look reads
-    /// both values and a value that keeps failing does not hide the other's notice.
+    /// both values and a value that keeps failing does not hide the other's notice. After a
+    /// failure the other is read plainly rather than waited on: its hanging GET could hold the
+    /// look for a minute while the failed value, read again, would show a notice.
     async fn look_both(&mut self) -> Result<Option<Notice>, NoticeError> {
         let client = self.client.clone();
         let base = self.base.clone();
         let seen = self.seen.clone();
         let [s0, s1] = &seen;
-        let preempted = Self::get(&client, &base, Value::Preempted, s0);
-        let maintenance = Self::get(&client, &base, Value::Maintenance, s1);
-        tokio::pin!(preempted, maintenance);
+        let mut preempted = Box::pin(Self::get(&client, &base, Value::Preempted, s0));
+        let mut maintenance = Box::pin(Self::get(&client, &base, Value::Maintenance, s1));
         let (first, answer) = tokio::select! {
             a = &mut preempted => (Value::Preempted, a),
             a = &mut maintenance => (Value::Maintenance, a),
@@ -227,9 +228,15 @@ impl GceMetadata {
             Ok(None) if !other_is_plain => return Ok(None),
             _ => {}
         }
-        let answer = match other {
-            Value::Preempted => preempted.await,
-            Value::Maintenance => maintenance.await,
+        let pending = match other {
+            Value::Preempted => preempted,
+            Value::Maintenance => maintenance,
+        };
+        let answer = if first.is_err() && !other_is_plain {
+            drop(pending);
+            Self::get(&client, &base, other, &Seen::Not).await
+        } else {
+            pending.await
         };
         match (first, self.take(other, answer)) {
             (_, Ok(Some(notice))) => Ok(Some(notice)),

@@ -104,6 +104,9 @@ fn dispatch(test: &str) -> bool {
             "child_gce_maintenance" => child_gce_maintenance().await,
             "child_fault" => child_fault().await,
             "child_one_path_hangs" => child_one_path_hangs().await,
+            "child_gce_failed_value_while_other_hangs" => {
+                child_gce_failed_value_while_other_hangs().await
+            }
             "child_auto" => child_auto().await,
             other => panic!("no child case {other}"),
         }
@@ -197,6 +200,14 @@ fn a_path_that_keeps_hanging_does_not_hide_the_other_paths_notice() {
     for cloud in clouds {
         cloud.join().unwrap();
     }
+}
+
+#[test]
+fn a_gce_value_that_failed_is_read_again_while_the_other_hangs() {
+    if dispatch("a_gce_value_that_failed_is_read_again_while_the_other_hangs") {
+        return;
+    }
+    run_child("child_gce_failed_value_while_other_hangs", &fake(), &[], "");
 }
 
 #[test]
@@ -513,6 +524,22 @@ async fn child_one_path_hangs() {
     let n = notice(&w, &format!("a {cloud} notice beside a hanging path")).await;
     assert_eq!(n.kind, kind);
     fake.fault(hangs, "none").await;
+}
+
+async fn child_gce_failed_value_while_other_hangs() {
+    let Some(fake) = Fake::from_env() else { return };
+    // From the first look: instance/preempted answers garbage, maintenance-event is fine, so
+    // each later look meets a failed preempted beside a hanging GET on maintenance-event,
+    // which nothing will end for a minute.
+    let preempted = "/computeMetadata/v1/instance/preempted";
+    fake.fault(preempted, "garbage").await;
+    let w = watch(Watch::Only(Cloud::Gcp));
+    no_notice_for(&w, Duration::from_secs(2), "a garbage preempted").await;
+    fake.fault(preempted, "none").await;
+    fake.raise(json!({"cloud": "gcp", "kind": "preempted"}))
+        .await;
+    let n = notice(&w, "preempted, once it answered again beside a hanging GET").await;
+    assert_eq!(n.kind, NoticeKind::Preempted);
 }
 
 async fn child_auto() {
