@@ -10,6 +10,11 @@
 //! - **refused connections** ([`TcpFaultProxy::refuse_new`]): accepted and closed at once;
 //! - a **reset** of every open connection ([`TcpFaultProxy::reset_all`]): a server restart as
 //!   its clients see it;
+//! - a **cut of one origin** ([`TcpFaultProxy::cut`]): with [`Origins`], each connection is
+//!   traced to the process (one of a few registered ones, by index) that opened it, and the
+//!   connections of a cut origin are held as in a partition while the others go on; the end of
+//!   the cut closes what it held. This is how one member of a group that dials the others'
+//!   proxies alike is cut from them (Raft members, which all dial the same addresses);
 //! - **late delivery** ([`TcpFaultProxy::late`]): from client to server only, each chunk of
 //!   bytes read from a client is, with a given probability (seeded dice), held for a while
 //!   before it is forwarded, and the bytes behind it on the same connection queue behind it (one
@@ -70,6 +75,9 @@ struct Counters {
     late: AtomicU64,
 }
 
+/// The most origins a proxy tells apart.
+pub const MAX_ORIGINS: usize = 8;
+
 /// The controls in force. The counters let a connection see a partition or a reset that came
 /// and went while it was not looking.
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,6 +85,10 @@ struct Control {
     partitioned: bool,
     /// Partitions begun so far.
     partitions: u64,
+    /// The origins cut now (bit `i`: origin `i`).
+    cut: u8,
+    /// Cuts begun so far, per origin.
+    cuts: [u64; MAX_ORIGINS],
     refuse_new: bool,
     /// Calls of `reset_all` so far.
     resets: u64,
@@ -87,6 +99,17 @@ struct Control {
 }
 
 impl Control {
+    /// Whether a connection of `origin` is held now.
+    fn blocked(&self, origin: Option<usize>) -> bool {
+        self.partitioned || origin.is_some_and(|o| self.cut & (1 << o) != 0)
+    }
+
+    /// Which partition and which cut of `origin` are the latest: a connection held by one
+    /// is closed when either number moves on.
+    fn epoch(&self, origin: Option<usize>) -> (u64, u64) {
+        (self.partitions, origin.map_or(0, |o| self.cuts[o]))
+    }
+
     /// The hold of the late-delivery fault, if it is on.
     fn late(&self) -> Option<(f64, Duration)> {
         (self.late_fraction > 0.0 && !self.late_by.is_zero())
@@ -94,8 +117,103 @@ impl Control {
     }
 }
 
+/// The processes whose connections a proxy tells apart, by index (at most [`MAX_ORIGINS`]):
+/// a connection is traced (through `/proc/net/tcp` and each process's open files) to the
+/// process, or one of its descendants, that holds its other end. One `Origins` may serve many
+/// proxies; [`set`](Self::set) a restarted process's new pid.
+#[derive(Clone, Debug, Default)]
+pub struct Origins(Arc<Mutex<Vec<Option<u32>>>>);
+
+impl Origins {
+    /// No process known yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Origin `index` is the process `pid` (and its descendants) from now on.
+    ///
+    /// # Panics
+    /// If `index` is not below [`MAX_ORIGINS`].
+    pub fn set(&self, index: usize, pid: u32) {
+        assert!(index < MAX_ORIGINS, "at most {MAX_ORIGINS} origins");
+        let mut pids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if pids.len() <= index {
+            pids.resize(index + 1, None);
+        }
+        pids[index] = Some(pid);
+    }
+
+    /// The origin of the connection from `peer` to `local` (the proxy's end), if one of the
+    /// processes holds it.
+    fn of(&self, peer: SocketAddr, local: SocketAddr) -> Option<usize> {
+        let inode = socket_inode(peer.port(), local.port())?;
+        let target = format!("socket:[{inode}]");
+        let pids = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let children = children_by_parent();
+        pids.iter().enumerate().find_map(|(index, pid)| {
+            let mut tree = vec![(*pid)?];
+            let mut i = 0;
+            while let Some(p) = tree.get(i).copied() {
+                tree.extend(children.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+                i += 1;
+            }
+            tree.iter().any(|p| holds(*p, &target)).then_some(index)
+        })
+    }
+}
+
+/// The inode of the socket whose local port is `local_port` and remote port `remote_port`.
+fn socket_inode(local_port: u16, remote_port: u16) -> Option<String> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .find_map(|table| {
+            let text = std::fs::read_to_string(table).ok()?;
+            text.lines().skip(1).find_map(|line| {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                let port = |field: &str| {
+                    field
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                };
+                (parts.len() >= 10
+                    && port(parts[1]) == Some(local_port)
+                    && port(parts[2]) == Some(remote_port)
+                    && parts[9] != "0")
+                    .then(|| parts[9].to_owned())
+            })
+        })
+}
+
+/// Every process's (pid, parent pid).
+fn children_by_parent() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // The command may hold spaces and parentheses: the fields after its last ')'.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// Whether process `pid` has the file `target` (`socket:[INODE]`) open.
+fn holds(pid: u32, target: &str) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target))
+}
+
 struct Shared {
     upstream: Vec<SocketAddr>,
+    origins: Option<Origins>,
     control: watch::Sender<Control>,
     counters: Counters,
     rng: Mutex<Rng>,
@@ -154,6 +272,23 @@ impl TcpFaultProxy {
     /// # Errors
     /// If `upstream` does not resolve, or no loopback port can be bound.
     pub async fn start_seeded(upstream: impl ToSocketAddrs, seed: u64) -> io::Result<Self> {
+        Self::start_with(upstream, seed, None).await
+    }
+
+    /// As [`start`](Self::start), tracing each connection to one of `origins`, so that
+    /// [`cut`](Self::cut) can hold one origin's connections alone.
+    ///
+    /// # Errors
+    /// If `upstream` does not resolve, or no loopback port can be bound.
+    pub async fn start_traced(upstream: impl ToSocketAddrs, origins: Origins) -> io::Result<Self> {
+        Self::start_with(upstream, 0, Some(origins)).await
+    }
+
+    async fn start_with(
+        upstream: impl ToSocketAddrs,
+        seed: u64,
+        origins: Option<Origins>,
+    ) -> io::Result<Self> {
         let upstream: Vec<SocketAddr> = tokio::net::lookup_host(upstream).await?.collect();
         if upstream.is_empty() {
             return Err(io::Error::new(
@@ -165,6 +300,7 @@ impl TcpFaultProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             upstream,
+            origins,
             control: watch::Sender::new(Control::default()),
             counters: Counters::default(),
             rng: Mutex::new(Rng::seeded(seed)),
@@ -202,13 +338,38 @@ impl TcpFaultProxy {
         });
     }
 
-    /// Ends every fault: a partition (see [`partition`](Self::partition)), the refusal of
+    /// Starts (`true`) or ends (`false`) a cut of origin `index` (see [`Origins`]; a proxy
+    /// started without them has no origins, so this changes nothing there): as a partition
+    /// (see [`partition`](Self::partition)) for that origin's connections alone, open or new.
+    /// A connection traced to no origin is never cut.
+    ///
+    /// # Panics
+    /// If `index` is not below [`MAX_ORIGINS`].
+    pub fn cut(&self, index: usize, on: bool) {
+        assert!(index < MAX_ORIGINS, "at most {MAX_ORIGINS} origins");
+        let bit = 1u8 << index;
+        self.shared.control.send_if_modified(|c| {
+            if (c.cut & bit != 0) == on {
+                return false;
+            }
+            if on {
+                c.cut |= bit;
+                c.cuts[index] += 1;
+            } else {
+                c.cut &= !bit;
+            }
+            true
+        });
+    }
+
+    /// Ends every fault: a partition (see [`partition`](Self::partition)), the cuts, the refusal of
     /// new connections and late delivery (bytes already held still go out when their hold
     /// ends, see [`late`](Self::late)).
     pub fn heal(&self) {
         self.shared.control.send_if_modified(|c| {
-            let changed = c.partitioned || c.refuse_new || c.late().is_some();
+            let changed = c.partitioned || c.cut != 0 || c.refuse_new || c.late().is_some();
             c.partitioned = false;
+            c.cut = 0;
             c.refuse_new = false;
             c.late_fraction = 0.0;
             c.late_by = Duration::ZERO;
@@ -275,7 +436,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((client, _)) => {
+                Ok((client, peer)) => {
                     add(&shared.counters.accepted, 1);
                     let control = shared.control.subscribe();
                     if control.borrow().refuse_new {
@@ -283,7 +444,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                         drop(client);
                         continue;
                     }
-                    connections.spawn(serve(client, shared.clone(), control));
+                    connections.spawn(serve(client, peer, shared.clone(), control));
                 }
                 // Out of descriptors or the like: wait instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -311,16 +472,22 @@ impl Drop for OpenGuard {
 
 /// What a connection must do after a change of the controls.
 enum Verdict {
-    /// Stop forwarding and hold the connection through this partition (its number).
-    Hold(u64),
+    /// Stop forwarding and hold the connection through this partition or cut (their
+    /// numbers, see [`Control::epoch`]).
+    Hold((u64, u64)),
     /// Close it (a reset, or the end of a partition it lived through).
     Close,
     /// The proxy is gone.
     Gone,
 }
 
-/// Waits for a change that concerns a forwarding connection that began under `start`.
-async fn next_verdict(control: &mut watch::Receiver<Control>, start: Control) -> Verdict {
+/// Waits for a change that concerns a forwarding connection of `origin` that began under
+/// `start`.
+async fn next_verdict(
+    control: &mut watch::Receiver<Control>,
+    start: Control,
+    origin: Option<usize>,
+) -> Verdict {
     loop {
         if control.changed().await.is_err() {
             return Verdict::Gone;
@@ -329,21 +496,27 @@ async fn next_verdict(control: &mut watch::Receiver<Control>, start: Control) ->
         if now.resets != start.resets {
             return Verdict::Close;
         }
-        if now.partitioned {
-            return Verdict::Hold(now.partitions);
+        if now.blocked(origin) {
+            return Verdict::Hold(now.epoch(origin));
         }
-        if now.partitions != start.partitions {
-            // A partition began and ended before this task looked.
+        if now.epoch(origin) != start.epoch(origin) {
+            // A partition or cut began and ended before this task looked.
             return Verdict::Close;
         }
     }
 }
 
-/// Holds a connection through a partition (number `partition`) until it ends or a reset.
-async fn hold(control: &mut watch::Receiver<Control>, start: Control, partition: u64) -> Verdict {
+/// Holds a connection of `origin` through a partition or cut (`epoch`) until it ends or a
+/// reset.
+async fn hold(
+    control: &mut watch::Receiver<Control>,
+    start: Control,
+    origin: Option<usize>,
+    epoch: (u64, u64),
+) -> Verdict {
     loop {
         let now = *control.borrow_and_update();
-        if now.resets != start.resets || !now.partitioned || now.partitions != partition {
+        if now.resets != start.resets || !now.blocked(origin) || now.epoch(origin) != epoch {
             return Verdict::Close;
         }
         if control.changed().await.is_err() {
@@ -352,18 +525,33 @@ async fn hold(control: &mut watch::Receiver<Control>, start: Control, partition:
     }
 }
 
-async fn serve(mut client: TcpStream, shared: Arc<Shared>, mut control: watch::Receiver<Control>) {
+async fn serve(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    mut control: watch::Receiver<Control>,
+) {
     let _open = OpenGuard::new(&shared);
+    let origin = match (&shared.origins, client.local_addr()) {
+        (Some(origins), Ok(local)) => {
+            let origins = origins.clone();
+            tokio::task::spawn_blocking(move || origins.of(peer, local))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
     let start = *control.borrow_and_update();
     // Kept open (not read) while a partition holds the connection.
     let mut upstream_slot: Option<TcpStream> = None;
-    let verdict = if start.partitioned {
-        Verdict::Hold(start.partitions)
+    let verdict = if start.blocked(origin) {
+        Verdict::Hold(start.epoch(origin))
     } else {
         let connect = TcpStream::connect(&shared.upstream[..]);
         let connected = tokio::select! {
             biased;
-            verdict = next_verdict(&mut control, start) => Err(verdict),
+            verdict = next_verdict(&mut control, start, origin) => Err(verdict),
             connected = connect => Ok(connected),
         };
         match connected {
@@ -386,7 +574,7 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>, mut control: watch::R
                 );
                 tokio::select! {
                     biased;
-                    verdict = next_verdict(&mut control, start) => verdict,
+                    verdict = next_verdict(&mut control, start, origin) => verdict,
                     // Both sides closed, or one failed: close the other too.
                     () = relay => return,
                 }
@@ -394,7 +582,7 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>, mut control: watch::R
         }
     };
     let verdict = match verdict {
-        Verdict::Hold(partition) => hold(&mut control, start, partition).await,
+        Verdict::Hold(epoch) => hold(&mut control, start, origin, epoch).await,
         other => other,
     };
     if let Verdict::Close = verdict {

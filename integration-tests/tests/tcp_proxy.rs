@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use integration_tests::tcp_proxy::TcpFaultProxy;
+use integration_tests::tcp_proxy::{Origins, TcpFaultProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -185,6 +185,71 @@ async fn partition_holds_everything_and_heal_closes_what_it_held() {
     assert_eq!(seen.received.load(Ordering::SeqCst), forwarded);
     let mut fresh = connect(&proxy).await;
     round_trip(&mut fresh, b"after").await;
+}
+
+/// A cut holds the connections of its origin alone: this test process's (traced through its
+/// parent, so the walk down the process tree is taken), not one traced to another process or
+/// to none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_holds_its_origins_connections_alone_and_its_end_closes_them() {
+    let (upstream, seen) = echo_server().await;
+    let parent = nix::unistd::getppid().as_raw() as u32;
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let origins = Origins::new();
+    origins.set(0, sleeper.id());
+    origins.set(2, parent);
+    let proxy = TcpFaultProxy::start_traced(upstream, origins.clone())
+        .await
+        .unwrap();
+    let mut ours = connect(&proxy).await;
+    round_trip(&mut ours, b"before").await;
+
+    // The cut of another origin (a process that holds no connection here) changes nothing.
+    proxy.cut(0, true);
+    round_trip(&mut ours, b"not ours").await;
+    proxy.cut(0, false);
+    round_trip(&mut ours, b"still").await;
+
+    // Our origin's cut holds the open connection and a new one; nothing is forwarded.
+    let forwarded = seen.received.load(Ordering::SeqCst);
+    proxy.cut(2, true);
+    ours.write_all(b"ping").await.unwrap();
+    assert!(
+        !closed_within(&mut ours, SILENCE).await,
+        "closed by the cut"
+    );
+    let mut during = connect(&proxy).await;
+    during.write_all(b"ping").await.unwrap();
+    assert!(
+        !closed_within(&mut during, SILENCE).await,
+        "closed by the cut"
+    );
+    assert_eq!(seen.received.load(Ordering::SeqCst), forwarded);
+
+    // Registered under another index meanwhile, our new connections are that origin's: the
+    // cut of 2 no longer holds them.
+    origins.set(2, sleeper.id());
+    origins.set(1, parent);
+    let mut other = connect(&proxy).await;
+    round_trip(&mut other, b"origin 1").await;
+
+    // The cut's end closes what it held; the others go on.
+    proxy.cut(2, false);
+    assert!(
+        closed_within(&mut ours, DUE).await,
+        "not closed after the cut"
+    );
+    assert!(
+        closed_within(&mut during, DUE).await,
+        "not closed after the cut"
+    );
+    round_trip(&mut other, b"still open").await;
+    assert_eq!(proxy.counters().reset, 2);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
 }
 
 #[tokio::test]
