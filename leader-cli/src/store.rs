@@ -30,6 +30,10 @@ pub(crate) struct StoreOptions {
     /// the group's members talk to it there).
     #[arg(long, env = "LEADER_RAFT_LISTEN", value_name = "HOST:PORT")]
     pub(crate) raft_listen: Option<String>,
+    /// raft:// only: bind this HOST:PORT instead of --raft-listen, which stays the address
+    /// the other members dial (a member behind a proxy, NAT or a container's published port).
+    #[arg(long, env = "LEADER_RAFT_BIND", value_name = "HOST:PORT")]
+    pub(crate) raft_bind: Option<String>,
     /// raft:// only: this member's data folder (Raft log, vote, snapshots), created with mode
     /// 0700. Keep it across restarts: a member whose folder was wiped is refused unless
     /// --raft-rejoin.
@@ -66,6 +70,9 @@ impl StoreOptions {
             open = open
                 .with_raft_member(listen.clone(), dir.clone())
                 .with_raft_rejoin(self.raft_rejoin);
+            if let Some(bind) = &self.raft_bind {
+                open = open.with_raft_bind(bind.clone());
+            }
         }
         if let (Some(ca), Some(cert), Some(key)) = (&self.raft_ca, &self.raft_cert, &self.raft_key)
         {

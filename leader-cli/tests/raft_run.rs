@@ -11,6 +11,10 @@
 //!   majority, so its renews fail and its command is stopped by the term's deadline; nobody
 //!   leads while they are away; no process panics. Both started again with their folders:
 //!   the group has its majority and its records back, and the next term's token is higher.
+//! - The Raft leader, holding the lease, cut from the others behind TCP fault proxies (each
+//!   member binds a port of its own, `--raft-bind`, and is dialled at its proxy's): its
+//!   command is stopped by the term's deadline, the other two elect; healed, it follows the
+//!   majority's leader and is a working member again.
 //! - Plain usage errors: no member address or folder, an address outside the group.
 #![allow(
     clippy::unwrap_used,
@@ -29,6 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use integration_tests::tcp_proxy::{Origins, TcpFaultProxy};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
@@ -36,6 +41,13 @@ const TTL: Duration = Duration::from_secs(2);
 /// `TTL` and the renew period; the other timings derive from them (margin 400 ms, poll and
 /// retry 400 ms, request timeout 200 ms).
 const TIMING: [&str; 4] = ["--ttl", "2s", "--renew-every", "500ms"];
+
+/// The Raft term of a log line (`term=N`).
+fn term_of(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once("term=")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -57,6 +69,12 @@ struct Group {
     dir: tempfile::TempDir,
     members: Vec<String>,
     spawned: RefCell<Vec<i32>>,
+    /// With fault proxies: what each member binds (its `members` entry is its proxy).
+    binds: Vec<String>,
+    proxies: Vec<TcpFaultProxy>,
+    origins: Origins,
+    /// Runs the proxies; dropped after them.
+    _runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for Group {
@@ -96,7 +114,87 @@ impl Group {
                 .map(|p| format!("127.0.0.1:{p}"))
                 .collect(),
             spawned: RefCell::default(),
+            binds: Vec::new(),
+            proxies: Vec::new(),
+            origins: Origins::new(),
+            _runtime: None,
         }
+    }
+
+    /// `n` members, each behind a TCP fault proxy of its own: the URL names the proxies, each
+    /// member binds a port of its own (`--raft-bind`), and every connection is traced to the
+    /// member that opened it, so that [`isolate`](Self::isolate) can cut one from the others
+    /// both ways.
+    fn proxied(n: usize) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let origins = Origins::new();
+        let binds: Vec<String> = free_ports(n)
+            .into_iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let proxies: Vec<TcpFaultProxy> = binds
+            .iter()
+            .map(|b| {
+                runtime
+                    .block_on(TcpFaultProxy::start_traced(b.clone(), origins.clone()))
+                    .unwrap()
+            })
+            .collect();
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
+            spawned: RefCell::default(),
+            binds,
+            proxies,
+            origins,
+            _runtime: Some(runtime),
+        }
+    }
+
+    /// Cuts member `i` from the others (`on`), both ways: nothing reaches its proxy, and its
+    /// own connections to theirs are held; or heals the cut (what it held is closed).
+    fn isolate(&self, i: usize, on: bool) {
+        self.proxies[i].partition(on);
+        for (j, proxy) in self.proxies.iter().enumerate() {
+            if j != i {
+                proxy.cut(i, on);
+            }
+        }
+    }
+
+    /// The Raft leader of the latest term any member's log names as its own (`this member
+    /// is the raft leader`), with that term.
+    fn raft_leader(&self) -> Option<(usize, u64)> {
+        (0..self.members.len())
+            .flat_map(|i| {
+                self.stderr(i)
+                    .lines()
+                    .filter(|l| l.contains("this member is the raft leader"))
+                    .filter_map(term_of)
+                    .map(|t| (i, t))
+                    .collect::<Vec<_>>()
+            })
+            .max_by_key(|(_, t)| *t)
+    }
+
+    /// The last change of Raft leader member `i` logged: `Some(true)` if it leads,
+    /// `Some(false)` if another member does, `None` if it knows of none.
+    fn leads(&self, i: usize) -> Option<bool> {
+        self.stderr(i).lines().rev().find_map(|l| {
+            if l.contains("this member is the raft leader") {
+                Some(Some(true))
+            } else if l.contains("raft leader known") {
+                Some(Some(false))
+            } else if l.contains("no raft leader known") {
+                Some(None)
+            } else {
+                None
+            }
+        })?
     }
 
     fn url(&self) -> String {
@@ -132,9 +230,14 @@ impl Group {
             .append(true)
             .open(self.stderr_path(i))
             .unwrap();
-        let child = Command::new(LEADER)
+        let mut command = Command::new(LEADER);
+        command
             .args(["run", "--store", &self.url()])
-            .args(["--raft-listen", &self.members[i]])
+            .args(["--raft-listen", &self.members[i]]);
+        if let Some(bind) = self.binds.get(i) {
+            command.args(["--raft-bind", bind]);
+        }
+        let child = command
             .arg("--raft-dir")
             .arg(self.folder(i))
             .args(["--id", &format!("m{i}"), "--supervise"])
@@ -151,6 +254,9 @@ impl Group {
             .spawn()
             .unwrap();
         self.spawned.borrow_mut().push(child.id() as i32);
+        if !self.proxies.is_empty() {
+            self.origins.set(i, child.id());
+        }
         child
     }
 
@@ -305,6 +411,85 @@ fn without_a_majority_the_term_ends_and_the_group_comes_back_with_its_folders() 
     group.no_panic();
 }
 
+/// The Raft leader, holding the lease, cut from the other two behind the fault proxies: its
+/// command is stopped by the term's deadline (it cannot renew), the other two elect a Raft
+/// leader and a holder with a higher token, and the cut member runs on without a term. Healed,
+/// it follows the majority's leader, and it is a working member: with the new holder then
+/// SIGKILLed, the two left (it and one other) elect again.
+#[test]
+fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
+    let group = Group::proxied(3);
+    let mut children: Vec<Child> = (0..3).map(|i| group.start(i)).collect();
+    let (mut token, _) = group.term_above(0, Duration::from_secs(30), "the first term");
+    // The case to cut: the holder is the Raft leader. Until it is, the holder releases
+    // (SIGTERM) and is started again; each release hands the lease to another member.
+    let mut handovers = 0;
+    let holder = loop {
+        // A member that just started may have called an election: let the group settle.
+        std::thread::sleep(Duration::from_secs(1));
+        let holder = group.holder(&children, token);
+        if group.raft_leader().map(|(i, _)| i) == Some(holder) && group.leads(holder) == Some(true)
+        {
+            break holder;
+        }
+        handovers += 1;
+        assert!(handovers <= 10, "the holder never was the Raft leader");
+        signal(&children[holder], Signal::SIGTERM);
+        let (next, _) = group.term_above(token, Duration::from_secs(15), "a handover");
+        let _ = exit_status(&mut children[holder], Duration::from_secs(15));
+        children[holder] = group.start(holder);
+        token = next;
+    };
+    let pids = by_term(&events(&group.log()))[&token].pids.clone();
+    let cut = boottime_ns();
+    group.isolate(holder, true);
+    wait_for(
+        "the cut holder's command and daemon to be stopped by the term's deadline",
+        Duration::from_secs(10),
+        || pids.iter().all(|p| !alive(*p)),
+    );
+    let last = by_term(&events(&group.log()))[&token].last;
+    assert!(
+        last < cut + TTL.as_nanos() as u64,
+        "the cut holder acted {:.3} s after the cut",
+        secs(last - cut)
+    );
+    let (next, started) = group.term_above(
+        token,
+        Duration::from_secs(15),
+        "a term on the majority's side",
+    );
+    eprintln!(
+        "MEASURED raft partition of the leading member ({handovers} handovers before): the old \
+         term's last act {:.3} s after the cut, a new term {:.3} s after it",
+        secs(last.saturating_sub(cut)),
+        secs(started - cut)
+    );
+    let new_holder = group.holder(&children, next);
+    assert_ne!(new_holder, holder);
+    assert!(
+        children[holder].try_wait().unwrap().is_none(),
+        "the cut member exited: {}",
+        group.stderr(holder)
+    );
+
+    group.isolate(holder, false);
+    wait_for(
+        "the healed member to follow the majority's Raft leader",
+        Duration::from_secs(15),
+        || group.leads(holder) == Some(false),
+    );
+    group.kill(&mut children[new_holder]);
+    let (third, _) = group.term_above(
+        next,
+        Duration::from_secs(20),
+        "a term of the two left, the healed member one of them",
+    );
+    assert!(third > next);
+    assert_no_overlap(&events(&group.log()));
+    group.no_panic();
+}
+
 /// A member whose folder was emptied is refused with a clear error; told to rejoin, it joins
 /// and catches up, and the group goes on electing with higher tokens.
 #[test]
@@ -350,8 +535,8 @@ fn a_member_with_an_emptied_folder_is_refused_until_told_to_rejoin() {
     group.no_panic();
 }
 
-/// The raft options a member needs, and a member address outside the group, are usage or
-/// configuration errors with one clear line, before anything is started.
+/// The raft options a member needs, a member address outside the group, and a bind address
+/// that is taken, are errors with one clear line, before anything is started.
 #[test]
 fn a_member_needs_its_address_and_folder() {
     let group = Group::new();
@@ -404,13 +589,29 @@ fn a_member_needs_its_address_and_folder() {
     ]);
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("rafts://"), "{err}");
+
+    // A bind address that is taken: named in the error (the URL's address is not bound).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let (code, err) = run(&[
+        "--raft-listen",
+        &group.members[0],
+        "--raft-bind",
+        &taken,
+        "--raft-dir",
+        folder.to_str().unwrap(),
+    ]);
+    assert!(code.is_some_and(|c| c != 0), "{err}");
+    assert!(err.contains(&format!("cannot listen on {taken}")), "{err}");
 }
 
-/// The figures of `results/raft.md` (opt-in, about 2 minutes): at the default ttl of 15 s, as
+/// The figures of `results/raft.md` (opt-in, about 5 minutes): at the default ttl of 15 s, as
 /// the etcd and ZooKeeper figures of `results/handover-etcd-zookeeper.md`, rounds of SIGTERM
-/// to the holder's `leader` (it releases: handover) and of SIGKILL to its process group (the
-/// lease must expire: failover), the victim started again with its folder after each round.
-/// `RAFT_ROUNDS` rounds of each (default 5).
+/// to the holder's `leader` (it releases: handover), of SIGKILL to its process group (the
+/// lease must expire: failover; the victim is started again with its folder), and of a cut of
+/// the holder's member from the others behind the fault proxies (the lease must expire on the
+/// majority's side; the cut is healed after the next term began). `RAFT_ROUNDS` rounds of each
+/// (default 5).
 #[test]
 #[ignore = "figures for results/raft.md: cargo test -p leader-cli --test raft_run -- --ignored"]
 fn figures() {
@@ -418,35 +619,55 @@ fn figures() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(5);
-    let group = Group::new();
-    let start = |i: usize| group.spawn(i, &[], "warn");
+    let group = Group::proxied(3);
+    let start = |i: usize| group.spawn(i, &[], "info");
     let mut children: Vec<Child> = (0..3).map(start).collect();
     let (mut token, _) = group.term_above(0, Duration::from_secs(60), "the first term");
     let mut handovers = Vec::new();
     let mut gaps = Vec::new();
     let mut failovers = Vec::new();
-    for round in 0..2 * rounds {
+    let mut partitions = Vec::new();
+    let mut steps_down = Vec::new();
+    // SIGTERM rounds in which the holder was also the Raft leader (the group elects first).
+    let mut raft_led = 0;
+    for round in 0..3 * rounds {
         let holder = group.holder(&children, token);
         std::thread::sleep(Duration::from_millis(1000 + 397 * (round as u64 % 7)));
+        if round % 3 == 0 && group.raft_leader().map(|(i, _)| i) == Some(holder) {
+            raft_led += 1;
+        }
         let at = boottime_ns();
-        if round % 2 == 0 {
-            signal(&children[holder], Signal::SIGTERM);
-        } else {
-            group.kill(&mut children[holder]);
+        match round % 3 {
+            0 => signal(&children[holder], Signal::SIGTERM),
+            1 => group.kill(&mut children[holder]),
+            _ => group.isolate(holder, true),
         }
         let (next, began) = group.term_above(token, Duration::from_secs(60), "the next term");
         let took = secs(began - at);
-        if round % 2 == 0 {
-            handovers.push(took);
-            // The old command works on for a second after SIGTERM (worker.py); the gap the
-            // protected resource sees is from its last act to the next term's start.
-            let last = by_term(&events(&group.log()))[&token].last;
-            gaps.push(secs(began.saturating_sub(last)));
-        } else {
-            failovers.push(took);
+        let last = by_term(&events(&group.log()))[&token].last;
+        match round % 3 {
+            0 => {
+                handovers.push(took);
+                // The old command works on for a second after SIGTERM (worker.py); the gap
+                // the protected resource sees is from its last act to the next term's start.
+                gaps.push(secs(began.saturating_sub(last)));
+            }
+            1 => failovers.push(took),
+            _ => {
+                partitions.push(took);
+                steps_down.push(secs(last.saturating_sub(at)));
+                group.isolate(holder, false);
+                wait_for(
+                    "the healed member to follow a Raft leader",
+                    Duration::from_secs(30),
+                    || group.leads(holder) == Some(false),
+                );
+            }
         }
-        let _ = exit_status(&mut children[holder], Duration::from_secs(30));
-        children[holder] = start(holder);
+        if round % 3 != 2 {
+            let _ = exit_status(&mut children[holder], Duration::from_secs(30));
+            children[holder] = start(holder);
+        }
         token = next;
     }
     assert_no_overlap(&events(&group.log()));
@@ -460,7 +681,8 @@ fn figures() {
         )
     };
     eprintln!(
-        "MEASURED raft ttl 15 s handover after SIGTERM (min / median / max): {}",
+        "MEASURED raft ttl 15 s handover after SIGTERM (min / median / max): {} ({raft_led} of \
+         {rounds} holders were also the Raft leader)",
         show(handovers)
     );
     eprintln!(
@@ -471,5 +693,14 @@ fn figures() {
     eprintln!(
         "MEASURED raft ttl 15 s failover after SIGKILL (min / median / max): {}",
         show(failovers)
+    );
+    eprintln!(
+        "MEASURED raft ttl 15 s failover after the holder's member was cut off (min / median / \
+         max): {}",
+        show(partitions)
+    );
+    eprintln!(
+        "MEASURED raft ttl 15 s cut-off holder's last act after the cut (min / median / max): {}",
+        show(steps_down)
     );
 }

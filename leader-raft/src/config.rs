@@ -17,8 +17,13 @@ use crate::error::RaftError;
 pub struct RaftConfig {
     /// Every member's `host:port`, this one included. Fixed for the life of the group.
     pub members: Vec<String>,
-    /// This member's own address; must be one of `members`. The listener binds it exactly.
+    /// This member's own address; must be one of `members`. The listener binds it exactly,
+    /// unless [`bind`](Self::bind) is set.
     pub listen: String,
+    /// The address the listener binds instead of `listen`, when the other members reach this
+    /// one through something that forwards to it (a proxy, NAT, a container's published
+    /// port). `None` (the default): bind `listen`.
+    pub bind: Option<String>,
     /// The data folder (vote, log, snapshot), created with mode `0700` if missing.
     pub dir: PathBuf,
     /// Mutual TLS between members; `None` for plaintext (loopback tests only).
@@ -46,6 +51,7 @@ impl RaftConfig {
         Self {
             members: members.into_iter().map(Into::into).collect(),
             listen: listen.into(),
+            bind: None,
             dir: dir.into(),
             tls: None,
             timing: RaftTiming::default(),
@@ -59,6 +65,18 @@ impl RaftConfig {
     pub fn with_rejoin(mut self, rejoin: bool) -> Self {
         self.rejoin = rejoin;
         self
+    }
+
+    /// Sets [`bind`](Self::bind): the listener binds `address` (`host:port`) instead of
+    /// `listen`, which stays the address the other members use.
+    pub fn with_bind(mut self, address: impl Into<String>) -> Self {
+        self.bind = Some(address.into());
+        self
+    }
+
+    /// The address the listener binds.
+    pub(crate) fn bind_address(&self) -> &str {
+        self.bind.as_deref().unwrap_or(&self.listen)
     }
 
     /// The default of [`snapshot_every`](Self::snapshot_every).

@@ -102,13 +102,13 @@ impl RaftStore {
         let gate = Gate::open_or_closed(folder.path(MARKER))?;
         let empty = is_empty(&folder, &log, &machine, &gate)?;
         same_members(&folder, &log, &machine, &members)?;
-        let listener =
-            TcpListener::bind(&config.listen)
-                .await
-                .map_err(|source| RaftError::Listen {
-                    address: config.listen.clone(),
-                    source,
-                })?;
+        let bind = config.bind_address();
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|source| RaftError::Listen {
+                address: bind.to_owned(),
+                source,
+            })?;
         let peers = Arc::new(Peers::new(members.clone(), tls.clone()));
         let (incarnation, founders, form) = if empty {
             let joiner = Joiner {
@@ -135,6 +135,7 @@ impl RaftStore {
             .map_err(|e| RaftError::Raft {
                 message: format!("cannot start: {e}"),
             })?;
+        tokio::spawn(log_leaders(raft.metrics(), members.clone()));
         let node = Arc::new(Node {
             raft,
             members: members.clone(),
@@ -162,6 +163,7 @@ impl RaftStore {
         tracing::info!(
             id = store.node.members.me(),
             address = %config.listen,
+            bound = %config.bind_address(),
             members = ?store.node.members.sorted(),
             empty,
             catching_up = store.node.gate.is_closed(),
@@ -294,6 +296,39 @@ impl RaftStore {
 fn budget_ms(deadline: Instant) -> u64 {
     let left = deadline.saturating_duration_since(Instant::now());
     u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Logs each change of the Raft leader this member knows of, until the node stops: which
+/// member leads the group, and in which Raft term, is what an operator asks first.
+async fn log_leaders(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
+    members: Members,
+) {
+    let mut known = None;
+    loop {
+        let (leader, term) = {
+            let m = metrics.borrow_and_update();
+            (m.current_leader, m.current_term)
+        };
+        if leader != known {
+            known = leader;
+            match leader {
+                Some(id) if id == members.me() => {
+                    tracing::info!(term, "this member is the raft leader");
+                }
+                Some(id) => tracing::info!(
+                    leader = id,
+                    address = members.address(id).unwrap_or("?"),
+                    term,
+                    "raft leader known"
+                ),
+                None => tracing::info!(term, "no raft leader known"),
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The outcome of a leader's answer, as the suite's error.

@@ -452,6 +452,7 @@ pub struct OpenOptions {
 #[derive(Clone, Debug, Default)]
 struct RaftMember {
     listen: Option<String>,
+    bind: Option<String>,
     dir: Option<PathBuf>,
     tls: Option<[PathBuf; 3]>,
     rejoin: bool,
@@ -485,6 +486,14 @@ impl OpenOptions {
     pub fn with_raft_member(mut self, listen: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
         self.raft.listen = Some(listen.into());
         self.raft.dir = Some(dir.into());
+        self
+    }
+
+    /// For a `raft://` store: bind `address` (`host:port`) instead of the member's own address
+    /// of [`with_raft_member`](Self::with_raft_member), which stays the one the other members
+    /// dial: for a member behind a proxy, NAT or a container's published port.
+    pub fn with_raft_bind(mut self, address: impl Into<String>) -> Self {
+        self.raft.bind = Some(address.into());
         self
     }
 
@@ -611,6 +620,9 @@ async fn open_raft(
     };
     let mut config = leader_raft::RaftConfig::new(members.iter().cloned(), listen.clone(), dir)
         .with_rejoin(member.rejoin);
+    if let Some(bind) = &member.bind {
+        config = config.with_bind(bind.clone());
+    }
     match (tls, &member.tls) {
         (true, Some([ca, cert, key])) => {
             let material = leader_raft::TlsConfig::from_files(ca, cert, key).map_err(raft_error)?;
