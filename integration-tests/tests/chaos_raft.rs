@@ -1,7 +1,8 @@
 //! Chaos drills on a Raft group of the candidates themselves (`raft://`, see
 //! `integration_tests::chaos::raft`): three candidate processes, each one member of the
-//! group, a few rounds of each scenario that applies (the members cannot be put behind the
-//! fault proxy, so no partition, stall or late delivery).
+//! group, a few rounds of each scenario that applies. Each member sits behind a TCP proxy that
+//! traces connections to their candidate, so a member can be cut from the others (partition,
+//! stall); late delivery does not apply (no proxy between a candidate and its own member).
 
 mod chaos_support;
 
@@ -34,4 +35,16 @@ async fn stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn term() {
     rounds(Scenario::Term, ROUNDS).await;
+}
+
+/// The leading candidate's member cut from the other members, both ways, past the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition() {
+    rounds(Scenario::Partition, ROUNDS).await;
+}
+
+/// Every member cut from every other past the ttl: nobody may lead, and one does after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall() {
+    rounds(Scenario::Stall, 1).await;
 }

@@ -101,7 +101,7 @@ pub async fn run_round(
     let mut group = None;
     let (url, place) = if kind == BackendKind::Raft {
         // The candidates are the store: a member each, started with them.
-        let g = RaftGroup::new(&dir, cfg.candidates.max(2))?;
+        let g = RaftGroup::new(&dir, cfg.candidates.max(2)).await?;
         let place = g.place();
         group = Some(g);
         (String::new(), place)
@@ -135,7 +135,7 @@ pub async fn run_round(
         let id = format!("c{i}");
         let (endpoint, proxy) = match (&cluster, &group) {
             (Some(c), _) => (c.endpoint(i % 3).to_owned(), None),
-            (None, Some(g)) => (g.endpoint(i), None),
+            (None, Some(g)) => (g.endpoint(i), Some(g.proxy(i))),
             (None, None) => proxied(kind, &url, cfg.seed.wrapping_add(i as u64)).await?,
         };
         let args = CandidateArgs {
@@ -165,6 +165,9 @@ pub async fn run_round(
             .stderr(err)
             .spawn()
             .map_err(|e| format!("spawning {:?}: {e}", cfg.candidate_bin))?;
+        if let Some(g) = &group {
+            g.started(i, child.id());
+        }
         procs.push(Proc {
             id,
             child,

@@ -85,8 +85,9 @@ pub enum BackendKind {
     /// objects on the first member. No proxy; a member goes away by renaming its folder.
     QuorumFile,
     /// A Raft group of the candidates themselves (`raft://`, `docs/raft.md`): each candidate
-    /// process runs one member, at its own loopback address and with its own data folder (see
-    /// [`raft`]). No proxy (the members dial each other's addresses); a member goes away with
+    /// process runs one member, behind a TCP proxy of its own and with its own data folder
+    /// (see [`raft`]); no proxy between a candidate and its member (one process), but one
+    /// between the members, so a member can be cut from the others. A member goes away with
     /// its candidate.
     Raft,
 }
@@ -262,6 +263,8 @@ pub enum Proxy {
     /// Byte-level faults: partition (a blackhole), refused connections and late delivery of
     /// the client's bytes.
     Tcp(crate::tcp_proxy::TcpFaultProxy),
+    /// A Raft member's cut from the other members (a blackhole, both ways), see [`raft`].
+    Member(raft::MemberCut),
 }
 
 impl Proxy {
@@ -277,6 +280,7 @@ impl Proxy {
                 p.partition(faults.blackhole);
                 p.late(faults.late_fraction, faults.late_by);
             }
+            Proxy::Member(m) => m.isolate(faults.blackhole),
         }
     }
 
@@ -285,6 +289,7 @@ impl Proxy {
         match self {
             Proxy::Http(p) => p.heal(),
             Proxy::Tcp(p) => p.heal(),
+            Proxy::Member(m) => m.isolate(false),
         }
     }
 
@@ -294,6 +299,7 @@ impl Proxy {
         match self {
             Proxy::Http(p) => p.counts().late.load(std::sync::atomic::Ordering::Relaxed),
             Proxy::Tcp(p) => p.counters().late,
+            Proxy::Member(_) => 0,
         }
     }
 
@@ -301,7 +307,7 @@ impl Proxy {
     pub fn http(&self) -> Option<&crate::proxy::FaultProxy> {
         match self {
             Proxy::Http(p) => Some(p),
-            Proxy::Tcp(_) => None,
+            Proxy::Tcp(_) | Proxy::Member(_) => None,
         }
     }
 }

@@ -4,8 +4,16 @@
 //! and opens it with [`OpenOptions::with_raft_member`], as `leader run --raft-listen
 //! --raft-dir` does. The member list is every candidate's address, the same for all.
 //!
-//! A candidate's endpoint names its member, `HOST:PORT@FOLDER` ([`RaftGroup::endpoint`]); the
-//! round's place is the member list, `HOST:PORT,HOST:PORT,...` ([`RaftGroup::place`]).
+//! Each member binds a loopback port of its own and is dialled at a TCP fault proxy in front
+//! of it ([`RaftGroup::proxy`]): every connection to a proxy is traced to the candidate
+//! process that opened it, so that one member can be cut from the others both ways (nothing
+//! reaches its proxy, and its own connections to the others' proxies are held), as a network
+//! partition would. That is the drills' `partition` (the leader's member cut off) and `stall`
+//! (every member cut off).
+//!
+//! A candidate's endpoint names its member, `HOST:PORT~BIND@FOLDER` ([`RaftGroup::endpoint`]:
+//! the address the others dial, the one it binds, its folder); the round's place is the member
+//! list, `HOST:PORT,HOST:PORT,...` ([`RaftGroup::place`]).
 //!
 //! A new group forms only once every member has started and answered: the drill starts all
 //! candidates of a round together. A member lives as long as its process: a killed or
@@ -15,6 +23,7 @@
 //! ([`RaftGroup::final_object`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leader::raft::{RaftConfig, RaftError, RaftStore};
@@ -23,8 +32,9 @@ use leader_core::{Error, FencedStore, LeaseKey, ObjectName};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::OpenedStore;
 use super::checker::FinalObject;
+use super::{OpenedStore, Proxy};
+use crate::tcp_proxy::{Origins, TcpFaultProxy};
 
 /// How long a member tries to bind its address: a member keeps its port until its process
 /// exits, so a member started again at once (or a port picked free a moment ago that another
@@ -33,32 +43,64 @@ const BIND_PATIENCE: Duration = Duration::from_secs(5);
 /// The pause between two attempts to bind.
 const BIND_PAUSE: Duration = Duration::from_millis(100);
 
-/// The group of one round: each candidate's address and data folder, in candidate order.
+/// The group of one round: each candidate's address (its proxy's), bound address and data
+/// folder, in candidate order, and the proxies.
 #[derive(Clone, Debug)]
 pub struct RaftGroup {
     members: Vec<String>,
+    binds: Vec<String>,
     folders: Vec<PathBuf>,
+    proxies: Arc<Vec<TcpFaultProxy>>,
+    origins: Origins,
 }
 
 impl RaftGroup {
-    /// A group of `n` members on free loopback ports, their folders in `dir`. The ports are
-    /// picked by binding them all at once (so that they differ) and letting them go.
+    /// A group of `n` members on free loopback ports, each behind a traced proxy, their
+    /// folders in `dir`. The ports are picked by binding them all at once (so that they
+    /// differ) and letting them go.
     ///
     /// # Errors
     /// A message if no port could be had.
-    pub fn new(dir: &Path, n: usize) -> Result<Self, String> {
+    pub async fn new(dir: &Path, n: usize) -> Result<Self, String> {
         let listeners = (0..n)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("picking a free loopback port: {e}"))?;
-        let members = listeners
+        let binds = listeners
             .iter()
             .map(|l| l.local_addr().map(|a| a.to_string()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("picking a free loopback port: {e}"))?;
         drop(listeners);
+        let origins = Origins::new();
+        let mut proxies = Vec::new();
+        for bind in &binds {
+            let proxy = TcpFaultProxy::start_traced(bind.clone(), origins.clone())
+                .await
+                .map_err(|e| format!("starting a proxy in front of member {bind}: {e}"))?;
+            proxies.push(proxy);
+        }
         let folders = (0..n).map(|i| dir.join(format!("raft-{i}"))).collect();
-        Ok(Self { members, folders })
+        Ok(Self {
+            members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
+            binds,
+            folders,
+            proxies: Arc::new(proxies),
+            origins,
+        })
+    }
+
+    /// Candidate `i` is process `pid` (its member's connections are traced to it).
+    pub fn started(&self, i: usize, pid: u32) {
+        self.origins.set(i, pid);
+    }
+
+    /// The faults of candidate `i`'s member: a blackhole cuts it from the others both ways.
+    pub fn proxy(&self, i: usize) -> Proxy {
+        Proxy::Member(MemberCut {
+            proxies: self.proxies.clone(),
+            index: i,
+        })
     }
 
     /// The round's place: the member list.
@@ -66,11 +108,13 @@ impl RaftGroup {
         self.members.join(",")
     }
 
-    /// The endpoint of candidate `i`: its member's address and folder, `HOST:PORT@FOLDER`
-    /// (the same on every start of that candidate).
+    /// The endpoint of candidate `i`: its member's address, the address it binds and its
+    /// folder, `HOST:PORT~BIND@FOLDER` (the same on every start of that candidate).
     pub fn endpoint(&self, i: usize) -> String {
-        match (self.members.get(i), self.folders.get(i)) {
-            (Some(address), Some(folder)) => format!("{address}@{}", folder.display()),
+        match (self.members.get(i), self.binds.get(i), self.folders.get(i)) {
+            (Some(address), Some(bind), Some(folder)) => {
+                format!("{address}~{bind}@{}", folder.display())
+            }
             _ => String::new(),
         }
     }
@@ -89,9 +133,13 @@ impl RaftGroup {
     ) -> Result<Option<FinalObject>, (String, bool)> {
         // Together: a member whose folder is empty (a candidate that never got to start its
         // member) waits for every other.
+        for proxy in self.proxies.iter() {
+            proxy.heal();
+        }
         let mut starts = JoinSet::new();
         for (i, (listen, folder)) in self.members.iter().zip(&self.folders).enumerate() {
-            let config = RaftConfig::new(self.members.clone(), listen.clone(), folder.clone());
+            let config = RaftConfig::new(self.members.clone(), listen.clone(), folder.clone())
+                .with_bind(self.binds[i].clone());
             starts.spawn(async move { (i, start(config).await) });
         }
         let mut stores = Vec::new();
@@ -155,14 +203,38 @@ async fn start(config: RaftConfig) -> Result<RaftStore, RaftError> {
     }
 }
 
-/// The address and folder of an [`endpoint`](RaftGroup::endpoint).
-fn member(endpoint: &str) -> Result<(String, PathBuf), Error> {
+/// The faults of one member of a [`RaftGroup`], for the drills ([`Proxy::Member`]).
+#[derive(Clone, Debug)]
+pub struct MemberCut {
+    proxies: Arc<Vec<TcpFaultProxy>>,
+    index: usize,
+}
+
+impl MemberCut {
+    /// Cuts the member from the others both ways (`on`), or heals the cut (what it held is
+    /// closed, and the members reconnect).
+    pub fn isolate(&self, on: bool) {
+        for (j, proxy) in self.proxies.iter().enumerate() {
+            if j == self.index {
+                proxy.partition(on);
+            } else {
+                proxy.cut(self.index, on);
+            }
+        }
+    }
+}
+
+/// The address, bound address and folder of an [`endpoint`](RaftGroup::endpoint).
+fn member(endpoint: &str) -> Result<(String, String, PathBuf), Error> {
     endpoint
         .split_once('@')
-        .filter(|(listen, folder)| !listen.is_empty() && !folder.is_empty())
-        .map(|(listen, folder)| (listen.to_owned(), PathBuf::from(folder)))
+        .and_then(|(addresses, folder)| {
+            let (listen, bind) = addresses.split_once('~')?;
+            (!listen.is_empty() && !bind.is_empty() && !folder.is_empty())
+                .then(|| (listen.to_owned(), bind.to_owned(), PathBuf::from(folder)))
+        })
         .ok_or_else(|| Error::InvalidConfig {
-            message: format!("a raft member's endpoint is HOST:PORT@FOLDER, not {endpoint:?}"),
+            message: format!("a raft member's endpoint is HOST:PORT~BIND@FOLDER, not {endpoint:?}"),
             source: None,
         })
 }
@@ -182,14 +254,16 @@ fn address_taken(e: &Error) -> bool {
 /// # Errors
 /// The store's error when the member cannot start.
 pub(super) async fn open(endpoint: &str, place: &str, key: LeaseKey) -> Result<OpenedStore, Error> {
-    let (listen, folder) = member(endpoint)?;
+    let (listen, bind, folder) = member(endpoint)?;
     let members: Vec<String> = place.split(',').map(str::to_owned).collect();
     let url = StoreUrl::Raft {
         members,
         tls: false,
         key,
     };
-    let options = OpenOptions::new().with_raft_member(listen, folder);
+    let options = OpenOptions::new()
+        .with_raft_member(listen, folder)
+        .with_raft_bind(bind);
     let give_up = Instant::now() + BIND_PATIENCE;
     loop {
         match leader::open(&url, &options).await {
@@ -207,12 +281,15 @@ pub(super) async fn open(endpoint: &str, place: &str, key: LeaseKey) -> Result<O
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_endpoint_names_the_member_and_its_folder() {
-        let group = RaftGroup::new(Path::new("/tmp/round"), 3).unwrap();
-        let (listen, folder) = member(&group.endpoint(1)).unwrap();
+    #[tokio::test]
+    async fn an_endpoint_names_the_member_and_its_folder() {
+        let group = RaftGroup::new(Path::new("/tmp/round"), 3).await.unwrap();
+        let (listen, bind, folder) = member(&group.endpoint(1)).unwrap();
         assert_eq!(group.place().split(',').nth(1), Some(listen.as_str()));
+        assert_eq!(bind, group.binds[1]);
+        assert_ne!(bind, listen);
         assert_eq!(folder, Path::new("/tmp/round/raft-1"));
+        assert!(member("127.0.0.1:1@/tmp/f").is_err());
         assert_eq!(group.place().split(',').count(), 3);
         assert!(member("127.0.0.1:1").is_err());
         assert!(group.endpoint(3).is_empty());

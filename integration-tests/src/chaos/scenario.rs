@@ -169,7 +169,9 @@ impl Scenario {
     pub fn applies_to(self, kind: BackendKind) -> bool {
         match self {
             Scenario::Kill | Scenario::Stop | Scenario::Term => true,
-            Scenario::Partition | Scenario::Stall | Scenario::Late => kind.proxied(),
+            // A Raft member is cut from the other members (the candidate is its member).
+            Scenario::Partition | Scenario::Stall => kind.proxied() || kind == BackendKind::Raft,
+            Scenario::Late => kind.proxied(),
             Scenario::Throttle | Scenario::Lossy => kind.http(),
             Scenario::Restart => kind.proxied() && kind != BackendKind::Dynamo && !kind.s3(),
             Scenario::RestartEmpty => {
@@ -218,15 +220,19 @@ impl Scenario {
 mod tests {
     use super::*;
 
-    /// Request-level faults need an HTTP proxy; the file store, the quorum of folders and the
-    /// Raft group have no proxy at all; only a quorum has members to take away.
+    /// Request-level faults need an HTTP proxy; the file store and the quorum of folders have
+    /// no proxy at all; a Raft member can only be cut off whole; only a quorum has members to
+    /// take away.
     #[test]
     fn each_backend_gets_the_faults_its_proxy_can_make() {
         for kind in BackendKind::ALL {
             for s in Scenario::ALL {
                 let expected = match s {
                     Scenario::Kill | Scenario::Stop | Scenario::Term => true,
-                    Scenario::Partition | Scenario::Stall | Scenario::Late => !matches!(
+                    Scenario::Partition | Scenario::Stall => {
+                        !matches!(kind, BackendKind::File | BackendKind::QuorumFile)
+                    }
+                    Scenario::Late => !matches!(
                         kind,
                         BackendKind::File | BackendKind::QuorumFile | BackendKind::Raft
                     ),
