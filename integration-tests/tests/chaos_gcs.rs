@@ -1,57 +1,12 @@
-//! Chaos drills on the Gcs backend with real candidate processes (see `integration_tests::chaos`).
+//! Chaos drills on GCS (fake-gcs-server), with real candidate processes (see
+//! `integration_tests::chaos`): one round of every scenario that applies, three side by side
+//! (as the soak runs them; a round mostly waits out a ttl or two).
 
 mod chaos_support;
 
 use integration_tests::chaos::BackendKind;
-use integration_tests::chaos::drill::Scenario;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Kill).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stop() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Stop).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partition() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Partition).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stall() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Stall).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throttle() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Throttle).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn term() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Term).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lossy() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Lossy).await;
-}
-
-/// Writes held past the sender's request timeout and then applied.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Late).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::Restart).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_empty() {
-    chaos_support::drill(BackendKind::Gcs, Scenario::RestartEmpty).await;
+async fn every_scenario() {
+    chaos_support::every_scenario(BackendKind::Gcs, 10, 3).await;
 }

@@ -1,42 +1,13 @@
-//! Chaos drills on the ZooKeeper backend with real candidate processes (see `integration_tests::chaos`),
-//! each candidate behind its own TCP-level fault proxy in front of the real server.
+//! Chaos drills on ZooKeeper, each candidate behind its own TCP-level fault proxy in front of
+//! the real server, with real candidate processes (see
+//! `integration_tests::chaos`): one round of every scenario that applies, three side by side
+//! (as the soak runs them; a round mostly waits out a ttl or two).
 
 mod chaos_support;
 
 use integration_tests::chaos::BackendKind;
-use integration_tests::chaos::drill::Scenario;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Kill).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stop() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Stop).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partition() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Partition).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stall() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Stall).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn term() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Term).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Late).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart() {
-    chaos_support::drill(BackendKind::ZooKeeper, Scenario::Restart).await;
+async fn every_scenario() {
+    chaos_support::every_scenario(BackendKind::ZooKeeper, 7, 3).await;
 }

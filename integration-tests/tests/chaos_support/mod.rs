@@ -1,6 +1,8 @@
 //! Shared by the chaos tests: one round of a scenario, asserted clean.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::print_stdout, dead_code)]
 
+use std::sync::Arc;
+
 use integration_tests::chaos::BackendKind;
 use integration_tests::chaos::drill::{DrillConfig, Scenario, run_round};
 use integration_tests::require;
@@ -65,5 +67,59 @@ pub(crate) async fn drill(kind: BackendKind, scenario: Scenario) {
         report.fenced,
         report.step_downs,
         report.late_deliveries
+    );
+}
+
+/// One round of every scenario that applies to `kind` (those of a cluster's members aside:
+/// `chaos_clusters.rs` plays them), `at_once` side by side; `expected` is how many there are,
+/// so that a scenario that stops applying is noticed.
+pub(crate) async fn every_scenario(kind: BackendKind, expected: usize, at_once: usize) {
+    let scenarios: Vec<Scenario> = Scenario::ALL
+        .into_iter()
+        .filter(|s| s.applies_to(kind) && !Scenario::MEMBERS.contains(s))
+        .collect();
+    assert_eq!(scenarios.len(), expected, "{scenarios:?}");
+    drills_side_by_side(kind, &scenarios, at_once).await;
+}
+
+/// Runs one round of each of `scenarios` on `kind`, `at_once` rounds side by side (a round
+/// mostly waits out a ttl or two, so they share the machine well), and fails naming each
+/// scenario that failed, with its message.
+pub(crate) async fn drills_side_by_side(kind: BackendKind, scenarios: &[Scenario], at_once: usize) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(at_once));
+    let mut rounds = tokio::task::JoinSet::new();
+    for &scenario in scenarios {
+        let gate = gate.clone();
+        rounds.spawn(async move {
+            let _turn = gate.acquire_owned().await.unwrap();
+            // A task of its own: a round's failure is a panic, caught here.
+            let round = tokio::spawn(drill(kind, scenario)).await;
+            (scenario, round)
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(done) = rounds.join_next().await {
+        let (scenario, round) = done.unwrap();
+        if let Err(e) = round {
+            let why = if e.is_panic() {
+                let payload = e.into_panic();
+                payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic".to_owned())
+            } else {
+                e.to_string()
+            };
+            failed.push(format!("{}: {why}", scenario.name()));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} {} of {} scenario(s) failed:\n{}",
+        kind.name(),
+        failed.len(),
+        scenarios.len(),
+        failed.join("\n")
     );
 }
