@@ -61,6 +61,10 @@ pub struct TcpProxyCounters {
     /// Chunks of client bytes the late-delivery fault held and then forwarded (the bytes that
     /// merely queued behind them are not counted).
     pub late: u64,
+    /// Connections of a proxy with [`Origins`] that a process other than the origins holds
+    /// (a cut never holds them: a test that cuts should see none it did not open itself). A
+    /// connection whose client closed it before it was traced is closed, not counted.
+    pub untraced: u64,
 }
 
 #[derive(Default)]
@@ -73,6 +77,7 @@ struct Counters {
     bytes_to_upstream: AtomicU64,
     bytes_to_client: AtomicU64,
     late: AtomicU64,
+    untraced: AtomicU64,
 }
 
 /// The most origins a proxy tells apart.
@@ -101,11 +106,16 @@ struct Control {
 impl Control {
     /// Whether a connection of `origin` is held now.
     fn blocked(&self, origin: Option<usize>) -> bool {
-        self.partitioned || origin.is_some_and(|o| self.cut & (1 << o) != 0)
+        self.partitioned || origin.is_some_and(|o| self.is_cut(o))
     }
 
-    /// Which partition and which cut of `origin` are the latest: a connection held by one
-    /// is closed when either number moves on.
+    /// Whether origin `o` is cut now.
+    fn is_cut(&self, o: usize) -> bool {
+        self.cut & (1 << o) != 0
+    }
+
+    /// Which partition and which cut of `origin` are the latest: a forwarding connection that
+    /// sees either number move (a fault came and went before it looked) is closed.
     fn epoch(&self, origin: Option<usize>) -> (u64, u64) {
         (self.partitions, origin.map_or(0, |o| self.cuts[o]))
     }
@@ -143,14 +153,15 @@ impl Origins {
         pids[index] = Some(pid);
     }
 
-    /// The origin of the connection from `peer` to `local` (the proxy's end), if one of the
-    /// processes holds it.
-    fn of(&self, peer: SocketAddr, local: SocketAddr) -> Option<usize> {
-        let inode = socket_inode(peer.port(), local.port())?;
+    /// Who opened the connection from `peer` to `local` (the proxy's end).
+    fn of(&self, peer: SocketAddr, local: SocketAddr) -> Trace {
+        let Some(inode) = socket_inode(peer.port(), local.port()) else {
+            return Trace::Gone;
+        };
         let target = format!("socket:[{inode}]");
         let pids = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let children = children_by_parent();
-        pids.iter().enumerate().find_map(|(index, pid)| {
+        let found = pids.iter().enumerate().find_map(|(index, pid)| {
             let mut tree = vec![(*pid)?];
             let mut i = 0;
             while let Some(p) = tree.get(i).copied() {
@@ -158,8 +169,24 @@ impl Origins {
                 i += 1;
             }
             tree.iter().any(|p| holds(*p, &target)).then_some(index)
-        })
+        });
+        match found {
+            Some(index) => Trace::Origin(index),
+            // Closed while it was looked for: no process holds it any more.
+            None if socket_inode(peer.port(), local.port()).as_ref() != Some(&inode) => Trace::Gone,
+            None => Trace::Stranger,
+        }
     }
+}
+
+/// What tracing a connection found.
+enum Trace {
+    /// One of the origins holds its other end.
+    Origin(usize),
+    /// A process that is none of the origins holds it.
+    Stranger,
+    /// Its other end is closed already (no process holds it): the client gave up on it.
+    Gone,
 }
 
 /// The inode of the socket whose local port is `local_port` and remote port `remote_port`.
@@ -425,6 +452,7 @@ impl TcpFaultProxy {
             bytes_to_upstream: get(&c.bytes_to_upstream),
             bytes_to_client: get(&c.bytes_to_client),
             late: get(&c.late),
+            untraced: get(&c.untraced),
         }
     }
 }
@@ -472,9 +500,8 @@ impl Drop for OpenGuard {
 
 /// What a connection must do after a change of the controls.
 enum Verdict {
-    /// Stop forwarding and hold the connection through this partition or cut (their
-    /// numbers, see [`Control::epoch`]).
-    Hold((u64, u64)),
+    /// Stop forwarding and hold the connection while a fault holds it.
+    Hold,
     /// Close it (a reset, or the end of a partition it lived through).
     Close,
     /// The proxy is gone.
@@ -497,7 +524,7 @@ async fn next_verdict(
             return Verdict::Close;
         }
         if now.blocked(origin) {
-            return Verdict::Hold(now.epoch(origin));
+            return Verdict::Hold;
         }
         if now.epoch(origin) != start.epoch(origin) {
             // A partition or cut began and ended before this task looked.
@@ -506,17 +533,18 @@ async fn next_verdict(
     }
 }
 
-/// Holds a connection of `origin` through a partition or cut (`epoch`) until it ends or a
-/// reset.
+/// Holds a connection of `origin` while a fault holds it (a partition, a cut of its origin,
+/// one after the other without a gap) and until a reset. A cut that begins during a partition
+/// and outlasts it (or the other way round) keeps it held, as a network would; a heal and a new
+/// fault too quick to be seen apart are one long fault.
 async fn hold(
     control: &mut watch::Receiver<Control>,
     start: Control,
     origin: Option<usize>,
-    epoch: (u64, u64),
 ) -> Verdict {
     loop {
         let now = *control.borrow_and_update();
-        if now.resets != start.resets || !now.blocked(origin) || now.epoch(origin) != epoch {
+        if now.resets != start.resets || !now.blocked(origin) {
             return Verdict::Close;
         }
         if control.changed().await.is_err() {
@@ -535,10 +563,16 @@ async fn serve(
     let origin = match (&shared.origins, client.local_addr()) {
         (Some(origins), Ok(local)) => {
             let origins = origins.clone();
-            tokio::task::spawn_blocking(move || origins.of(peer, local))
-                .await
-                .ok()
-                .flatten()
+            match tokio::task::spawn_blocking(move || origins.of(peer, local)).await {
+                Ok(Trace::Origin(index)) => Some(index),
+                // Closed by its client before it could be traced: what it sent must not slip
+                // through a cut, and nobody reads an answer.
+                Ok(Trace::Gone) => return,
+                Ok(Trace::Stranger) | Err(_) => {
+                    add(&shared.counters.untraced, 1);
+                    None
+                }
+            }
         }
         _ => None,
     };
@@ -546,7 +580,7 @@ async fn serve(
     // Kept open (not read) while a partition holds the connection.
     let mut upstream_slot: Option<TcpStream> = None;
     let verdict = if start.blocked(origin) {
-        Verdict::Hold(start.epoch(origin))
+        Verdict::Hold
     } else {
         let connect = TcpStream::connect(&shared.upstream[..]);
         let connected = tokio::select! {
@@ -582,7 +616,7 @@ async fn serve(
         }
     };
     let verdict = match verdict {
-        Verdict::Hold(epoch) => hold(&mut control, start, origin, epoch).await,
+        Verdict::Hold => hold(&mut control, start, origin).await,
         other => other,
     };
     if let Verdict::Close = verdict {

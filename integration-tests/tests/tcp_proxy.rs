@@ -248,6 +248,27 @@ async fn a_cut_holds_its_origins_connections_alone_and_its_end_closes_them() {
     );
     round_trip(&mut other, b"still open").await;
     assert_eq!(proxy.counters().reset, 2);
+
+    // A partition that begins during a cut holds the connection on after the cut ends; its
+    // own end closes it.
+    proxy.cut(1, true);
+    other.write_all(b"ping").await.unwrap();
+    assert!(
+        !closed_within(&mut other, SILENCE).await,
+        "closed by the cut"
+    );
+    proxy.partition(true);
+    proxy.cut(1, false);
+    assert!(
+        !closed_within(&mut other, SILENCE).await,
+        "closed at the end of the cut while a partition held it"
+    );
+    proxy.partition(false);
+    assert!(
+        closed_within(&mut other, DUE).await,
+        "not closed after the partition"
+    );
+    assert_eq!(proxy.counters().untraced, 0);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
 }

@@ -26,8 +26,8 @@ pub(crate) struct StoreOptions {
     /// s3:// and gs://: create the bucket first. etcd:// has nothing to create.
     #[arg(long, env = "LEADER_CREATE_IF_MISSING")]
     pub(crate) create_if_missing: bool,
-    /// raft:// only: this instance's own address, one of the URL's HOST:PORT (bound exactly;
-    /// the group's members talk to it there).
+    /// raft:// only: this instance's own address, one of the URL's HOST:PORT (bound exactly,
+    /// unless --raft-bind; the group's members talk to it there).
     #[arg(long, env = "LEADER_RAFT_LISTEN", value_name = "HOST:PORT")]
     pub(crate) raft_listen: Option<String>,
     /// raft:// only: bind this HOST:PORT instead of --raft-listen, which stays the address
@@ -41,7 +41,7 @@ pub(crate) struct StoreOptions {
     pub(crate) raft_dir: Option<std::path::PathBuf>,
     /// raft:// only: this member's folder was emptied (its data lost) while the group ran:
     /// join anyway, taking no part in elections until it has caught up. Needs every other
-    /// member up. Never run two members with the same address.
+    /// member up. Never run two members with the same --raft-listen address.
     #[arg(long, env = "LEADER_RAFT_REJOIN")]
     pub(crate) raft_rejoin: bool,
     /// rafts:// only: the CA (PEM) that signed every member's certificate.

@@ -132,9 +132,13 @@ impl Group {
             .build()
             .unwrap();
         let origins = Origins::new();
-        let binds: Vec<String> = free_ports(n)
-            .into_iter()
-            .map(|p| format!("127.0.0.1:{p}"))
+        // The members' ports held while the proxies pick theirs, so that none takes one.
+        let held: Vec<std::net::TcpListener> = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let binds: Vec<String> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
             .collect();
         let proxies: Vec<TcpFaultProxy> = binds
             .iter()
@@ -144,6 +148,7 @@ impl Group {
                     .unwrap()
             })
             .collect();
+        drop(held);
         Self {
             dir: tempfile::tempdir().unwrap(),
             members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
@@ -185,16 +190,29 @@ impl Group {
     /// `Some(false)` if another member does, `None` if it knows of none.
     fn leads(&self, i: usize) -> Option<bool> {
         self.stderr(i).lines().rev().find_map(|l| {
-            if l.contains("this member is the raft leader") {
+            // "no raft leader known" contains "raft leader known": it comes first.
+            if l.contains("no raft leader known") {
+                Some(None)
+            } else if l.contains("this member is the raft leader") {
                 Some(Some(true))
             } else if l.contains("raft leader known") {
                 Some(Some(false))
-            } else if l.contains("no raft leader known") {
-                Some(None)
             } else {
                 None
             }
         })?
+    }
+
+    /// The address of the Raft leader member `i` last logged it follows, if its last change
+    /// of leader was to another member.
+    fn follows(&self, i: usize) -> Option<String> {
+        let log = self.stderr(i);
+        let last = log.lines().rev().find(|l| l.contains("raft leader"))?;
+        if last.contains("no raft leader known") || !last.contains("raft leader known") {
+            return None;
+        }
+        let (_, rest) = last.split_once("address=")?;
+        Some(rest.split_whitespace().next()?.trim_matches('"').to_owned())
     }
 
     fn url(&self) -> String {
@@ -440,6 +458,7 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
         children[holder] = group.start(holder);
         token = next;
     };
+    let (_, cut_raft_term) = group.raft_leader().unwrap();
     let pids = by_term(&events(&group.log()))[&token].pids.clone();
     let cut = boottime_ns();
     group.isolate(holder, true);
@@ -467,6 +486,12 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
     );
     let new_holder = group.holder(&children, next);
     assert_ne!(new_holder, holder);
+    // The member cut off was the Raft leader: the others elected one of their own.
+    let (raft_leader, raft_term) = group.raft_leader().unwrap();
+    assert!(
+        raft_leader != holder && raft_term > cut_raft_term,
+        "no new Raft leader on the majority's side: member {raft_leader} in term {raft_term}"
+    );
     assert!(
         children[holder].try_wait().unwrap().is_none(),
         "the cut member exited: {}",
@@ -477,7 +502,10 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
     wait_for(
         "the healed member to follow the majority's Raft leader",
         Duration::from_secs(15),
-        || group.leads(holder) == Some(false),
+        || {
+            let leader = group.raft_leader().map(|(i, _)| group.members[i].clone());
+            leader.is_some() && group.follows(holder) == leader
+        },
     );
     group.kill(&mut children[new_holder]);
     let (third, _) = group.term_above(
@@ -486,6 +514,10 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
         "a term of the two left, the healed member one of them",
     );
     assert!(third > next);
+    assert!(
+        group.proxies.iter().all(|p| p.counters().untraced == 0),
+        "a connection between members was not traced to its member, so no cut held it"
+    );
     assert_no_overlap(&events(&group.log()));
     group.no_panic();
 }
@@ -658,9 +690,13 @@ fn figures() {
                 steps_down.push(secs(last.saturating_sub(at)));
                 group.isolate(holder, false);
                 wait_for(
-                    "the healed member to follow a Raft leader",
+                    "the healed member to follow the majority's Raft leader",
                     Duration::from_secs(30),
-                    || group.leads(holder) == Some(false),
+                    || {
+                        let leader = group.raft_leader().map(|(i, _)| group.members[i].clone());
+                        leader.as_ref().is_some_and(|l| *l != group.members[holder])
+                            && group.follows(holder) == leader
+                    },
                 );
             }
         }

@@ -535,6 +535,18 @@ async fn child_gce_failed_value_while_other_hangs() {
     fake.fault(preempted, "garbage").await;
     let w = watch(Watch::Only(Cloud::Gcp));
     no_notice_for(&w, Duration::from_secs(2), "a garbage preempted").await;
+    // A look after the first met the garbage: by then maintenance-event was read, so that
+    // look's GET of it was a hanging one (the race this test is about).
+    let garbage_reads = fake
+        .calls()
+        .await
+        .into_iter()
+        .filter(|c| c["path"] == preempted)
+        .count();
+    assert!(
+        garbage_reads >= 2,
+        "only {garbage_reads} read(s) of preempted before the fault was cleared"
+    );
     fake.fault(preempted, "none").await;
     fake.raise(json!({"cloud": "gcp", "kind": "preempted"}))
         .await;

@@ -230,7 +230,8 @@ pub async fn run_round(
     }
     violations.extend(outcome.failure);
     violations.extend(outcome.measured.late);
-    // The protected object, read directly (no proxy).
+    // The protected object, read directly (no proxy; a Raft group's members still talk
+    // through theirs, healed).
     let endpoint = if kind.proxied() {
         url.clone()
     } else {

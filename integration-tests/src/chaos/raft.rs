@@ -71,7 +71,7 @@ impl RaftGroup {
             .map(|l| l.local_addr().map(|a| a.to_string()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("picking a free loopback port: {e}"))?;
-        drop(listeners);
+        // The members' ports still held while the proxies pick theirs, so that none takes one.
         let origins = Origins::new();
         let mut proxies = Vec::new();
         for bind in &binds {
@@ -80,6 +80,7 @@ impl RaftGroup {
                 .map_err(|e| format!("starting a proxy in front of member {bind}: {e}"))?;
             proxies.push(proxy);
         }
+        drop(listeners);
         let folders = (0..n).map(|i| dir.join(format!("raft-{i}"))).collect();
         Ok(Self {
             members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
@@ -120,7 +121,8 @@ impl RaftGroup {
     }
 
     /// The protected object `name` once every candidate has exited: the whole group started
-    /// again from the candidates' folders, in this process (each member at its address), the
+    /// again from the candidates' folders, in this process (each member binding its port, the
+    /// proxies healed and still in front of them), the
     /// object read through the first member, and the group stopped. A group that has no Raft
     /// leader yet answers with a transient error: tried again for up to 20 s.
     ///
