@@ -155,8 +155,10 @@ impl Origins {
 
     /// Who opened the connection from `peer` to `local` (the proxy's end).
     fn of(&self, peer: SocketAddr, local: SocketAddr) -> Trace {
-        let Some(inode) = socket_inode(peer.port(), local.port()) else {
-            return Trace::Gone;
+        let inode = match Socket::settled(peer.port(), local.port()) {
+            Socket::Held(inode) => inode,
+            Socket::Orphan | Socket::Missing => return Trace::Gone,
+            Socket::Unknown => return Trace::Stranger,
         };
         let target = format!("socket:[{inode}]");
         let pids = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -173,7 +175,13 @@ impl Origins {
         match found {
             Some(index) => Trace::Origin(index),
             // Closed while it was looked for: no process holds it any more.
-            None if socket_inode(peer.port(), local.port()).as_ref() != Some(&inode) => Trace::Gone,
+            None if !matches!(
+                Socket::settled(peer.port(), local.port()),
+                Socket::Held(now) if now == inode
+            ) =>
+            {
+                Trace::Gone
+            }
             None => Trace::Stranger,
         }
     }
@@ -189,26 +197,61 @@ enum Trace {
     Gone,
 }
 
-/// The inode of the socket whose local port is `local_port` and remote port `remote_port`.
-fn socket_inode(local_port: u16, remote_port: u16) -> Option<String> {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .find_map(|table| {
-            let text = std::fs::read_to_string(table).ok()?;
-            text.lines().skip(1).find_map(|line| {
+/// What the kernel's socket tables say of the socket whose local port is `local_port` and
+/// remote port `remote_port`.
+#[derive(Debug, PartialEq, Eq)]
+enum Socket {
+    /// Held by a process: its inode.
+    Held(String),
+    /// Listed with no inode: no process holds it any more (closed, still shutting down).
+    Orphan,
+    /// Not listed (gone, or skipped: the tables are read in pieces, not at one instant).
+    Missing,
+    /// The tables cannot be read (no `/proc`).
+    Unknown,
+}
+
+impl Socket {
+    fn of(local_port: u16, remote_port: u16) -> Self {
+        let mut readable = false;
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(table) else {
+                continue;
+            };
+            readable = true;
+            let port = |field: &str| {
+                field
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+            };
+            for line in text.lines().skip(1) {
                 let parts: Vec<&str> = line.split_whitespace().collect();
-                let port = |field: &str| {
-                    field
-                        .rsplit_once(':')
-                        .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-                };
-                (parts.len() >= 10
+                if parts.len() >= 10
                     && port(parts[1]) == Some(local_port)
                     && port(parts[2]) == Some(remote_port)
-                    && parts[9] != "0")
-                    .then(|| parts[9].to_owned())
-            })
-        })
+                {
+                    return if parts[9] == "0" {
+                        Socket::Orphan
+                    } else {
+                        Socket::Held(parts[9].to_owned())
+                    };
+                }
+            }
+        }
+        if readable {
+            Socket::Missing
+        } else {
+            Socket::Unknown
+        }
+    }
+
+    /// As [`of`](Self::of), a missing socket looked for once more before it is believed.
+    fn settled(local_port: u16, remote_port: u16) -> Self {
+        match Self::of(local_port, remote_port) {
+            Socket::Missing => Self::of(local_port, remote_port),
+            known => known,
+        }
+    }
 }
 
 /// Every process's (pid, parent pid).
@@ -560,6 +603,8 @@ async fn serve(
     mut control: watch::Receiver<Control>,
 ) {
     let _open = OpenGuard::new(&shared);
+    // Before tracing: a fault that comes and goes meanwhile is seen as such.
+    let start = *control.borrow_and_update();
     let origin = match (&shared.origins, client.local_addr()) {
         (Some(origins), Ok(local)) => {
             let origins = origins.clone();
@@ -576,7 +621,6 @@ async fn serve(
         }
         _ => None,
     };
-    let start = *control.borrow_and_update();
     // Kept open (not read) while a partition holds the connection.
     let mut upstream_slot: Option<TcpStream> = None;
     let verdict = if start.blocked(origin) {

@@ -536,16 +536,25 @@ async fn child_gce_failed_value_while_other_hangs() {
     let w = watch(Watch::Only(Cloud::Gcp));
     no_notice_for(&w, Duration::from_secs(2), "a garbage preempted").await;
     // A look after the first met the garbage: by then maintenance-event was read, so that
-    // look's GET of it was a hanging one (the race this test is about).
-    let garbage_reads = fake
-        .calls()
-        .await
-        .into_iter()
-        .filter(|c| c["path"] == preempted)
-        .count();
+    // look's GET of it was a hanging one (the race this test is about), which the look then
+    // dropped for a plain read.
+    let calls = fake.calls().await;
+    let garbage_reads = calls.iter().filter(|c| c["path"] == preempted).count();
     assert!(
         garbage_reads >= 2,
         "only {garbage_reads} read(s) of preempted before the fault was cleared"
+    );
+    let plain_maintenance_reads = calls
+        .iter()
+        .filter(|c| {
+            c["path"] == "/computeMetadata/v1/instance/maintenance-event"
+                && c["query"].get("wait_for_change").is_none()
+        })
+        .count();
+    assert!(
+        plain_maintenance_reads >= 2,
+        "maintenance-event read plainly {plain_maintenance_reads} time(s): after a failed \
+         read of preempted, the look must not wait on maintenance-event's hanging GET"
     );
     fake.fault(preempted, "none").await;
     fake.raise(json!({"cloud": "gcp", "kind": "preempted"}))
