@@ -47,16 +47,6 @@ enum LogOp {
     Committed(Option<LogId<u64>>),
 }
 
-/// Replaces the vote file with `vote` and `incarnation`.
-fn write_vote_file(path: &Path, vote: Vote<u64>, incarnation: &str) -> io::Result<()> {
-    let file = VoteFile {
-        vote,
-        incarnation: incarnation.to_owned(),
-    };
-    let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
-    replace(path, &bytes)
-}
-
 /// The log as replayed.
 #[derive(Default)]
 struct LogMem {
@@ -232,16 +222,33 @@ struct LogShared {
     vote_path: PathBuf,
     file: Mutex<File>,
     mem: Mutex<LogMem>,
-    vote: Mutex<Option<Vote<u64>>>,
-    /// The folder's incarnation, kept in the vote file: whatever loses the vote loses it too.
-    incarnation: Mutex<Option<String>>,
+    /// The vote file as stored, if there is one.
+    vote_file: Mutex<Option<VoteFile>>,
 }
 
-/// The content of the vote file.
-#[derive(Serialize, Deserialize)]
+/// The content of the vote file: the vote, and the folder's incarnation (kept with the vote,
+/// so that whatever loses the one loses the other too).
+#[derive(Clone, Serialize, Deserialize)]
 struct VoteFile {
     vote: Vote<u64>,
     incarnation: String,
+}
+
+impl LogShared {
+    /// Changes the vote file by `change` (from the stored one, else the default vote and no
+    /// incarnation) and replaces it on disk, under its lock, before the change is seen.
+    fn update_vote_file(&self, change: impl FnOnce(&mut VoteFile)) -> io::Result<()> {
+        let mut stored = lock(&self.vote_file);
+        let mut file = stored.clone().unwrap_or_else(|| VoteFile {
+            vote: Vote::default(),
+            incarnation: String::new(),
+        });
+        change(&mut file);
+        let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
+        replace(&self.vote_path, &bytes)?;
+        *stored = Some(file);
+        Ok(())
+    }
 }
 
 /// The Raft log and vote, on disk. Clones share the same log.
@@ -254,17 +261,13 @@ impl LogStore {
     /// Opens (and replays) the log and vote of `folder`.
     pub(crate) fn open(folder: &Folder) -> std::result::Result<Self, RaftError> {
         let vote_path = folder.path("vote");
-        let stored = match read_optional(&vote_path)
+        let vote_file = match read_optional(&vote_path)
             .map_err(|e| RaftError::folder(&vote_path, "cannot read the vote", Some(e)))?
         {
             None => None,
             Some(bytes) => Some(serde_json::from_slice::<VoteFile>(&bytes).map_err(|e| {
                 RaftError::damaged(&vote_path, format!("the vote is not readable ({e})"))
             })?),
-        };
-        let (vote, incarnation) = match stored {
-            Some(f) => (Some(f.vote), Some(f.incarnation)),
-            None => (None, None),
         };
         let path = folder.path("log");
         let cannot = |e| RaftError::folder(&path, "cannot read or repair the log", Some(e));
@@ -283,30 +286,28 @@ impl LogStore {
                 vote_path,
                 file: Mutex::new(file),
                 mem: Mutex::new(mem),
-                vote: Mutex::new(vote),
-                incarnation: Mutex::new(incarnation),
+                vote_file: Mutex::new(vote_file),
             }),
         })
     }
 
     /// The stored vote, if any.
     pub(crate) fn vote(&self) -> Option<Vote<u64>> {
-        *lock(&self.shared.vote)
+        lock(&self.shared.vote_file).as_ref().map(|f| f.vote)
     }
 
     /// The folder's incarnation, if it has one.
     pub(crate) fn incarnation(&self) -> Option<String> {
-        lock(&self.shared.incarnation).clone()
+        lock(&self.shared.vote_file)
+            .as_ref()
+            .map(|f| f.incarnation.clone())
     }
 
     /// Gives the folder the incarnation `name` (durably, in the vote file, with the vote it
     /// has or the default one).
     pub(crate) fn set_incarnation(&self, name: &str) -> io::Result<()> {
-        let vote = self.vote().unwrap_or_default();
-        write_vote_file(&self.shared.vote_path, vote, name)?;
-        *lock(&self.shared.vote) = Some(vote);
-        *lock(&self.shared.incarnation) = Some(name.to_owned());
-        Ok(())
+        self.shared
+            .update_vote_file(|f| f.incarnation = name.to_owned())
     }
 
     /// Whether the log holds anything at all (the initial membership included).
@@ -403,18 +404,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<()> {
         let shared = self.shared.clone();
         let v = *vote;
-        blocking(move || {
-            let incarnation = lock(&shared.incarnation).clone().unwrap_or_default();
-            write_vote_file(&shared.vote_path, v, &incarnation)?;
-            *lock(&shared.vote) = Some(v);
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_vote(io_err(&e)).into())
+        blocking(move || shared.update_vote_file(|f| f.vote = v))
+            .await
+            .map_err(|e| StorageIOError::write_vote(io_err(&e)).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>> {
-        Ok(*lock(&self.shared.vote))
+        Ok(self.vote())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<()> {
