@@ -322,6 +322,45 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{n}-{:08x}", random & 0xffff_ffff)
 }
 
+/// Every process below `root` (its children, theirs, ...), from `/proc`; none where there is
+/// no `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    descendants_among(&parents(), root)
+}
+
+/// Every process's (pid, parent pid), from `/proc`: one scan, for [`descendants_among`].
+pub(crate) fn parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // The command may hold spaces and parentheses: the fields after its last ')'.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// Every process below `root` among `parents` ([`parents`]).
+pub(crate) fn descendants_among(parents: &[(u32, u32)], root: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for (pid, ppid) in parents {
+            if *ppid == p {
+                out.push(*pid);
+                next.push(*pid);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

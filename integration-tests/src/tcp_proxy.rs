@@ -162,14 +162,11 @@ impl Origins {
         };
         let target = format!("socket:[{inode}]");
         let pids = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let children = children_by_parent();
+        let parents = crate::parents();
         let found = pids.iter().enumerate().find_map(|(index, pid)| {
-            let mut tree = vec![(*pid)?];
-            let mut i = 0;
-            while let Some(p) = tree.get(i).copied() {
-                tree.extend(children.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-                i += 1;
-            }
+            let pid = (*pid)?;
+            let mut tree = crate::descendants_among(&parents, pid);
+            tree.push(pid);
             tree.iter().any(|p| holds(*p, &target)).then_some(index)
         });
         match found {
@@ -252,24 +249,6 @@ impl Socket {
             known => known,
         }
     }
-}
-
-/// Every process's (pid, parent pid).
-fn children_by_parent() -> Vec<(u32, u32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            // The command may hold spaces and parentheses: the fields after its last ')'.
-            let (_, rest) = stat.rsplit_once(')')?;
-            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect()
 }
 
 /// Whether process `pid` has the file `target` (`socket:[INODE]`) open.

@@ -80,30 +80,13 @@ pub fn boottime_ns() -> u64 {
 
 /// Every pid below `root`, from /proc.
 pub fn descendants(root: i32) -> Vec<i32> {
-    let mut parents: Vec<(i32, i32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        if let Some(ppid) = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            parents.push((pid, ppid));
-        }
-    }
-    let mut out = Vec::new();
-    let mut next = vec![root];
-    while let Some(p) = next.pop() {
-        for (pid, ppid) in &parents {
-            if *ppid == p {
-                out.push(*pid);
-                next.push(*pid);
-            }
-        }
-    }
-    out
+    let Ok(root) = u32::try_from(root) else {
+        return Vec::new();
+    };
+    integration_tests::descendants(root)
+        .into_iter()
+        .filter_map(|p| i32::try_from(p).ok())
+        .collect()
 }
 
 /// One line of the worker's log.
