@@ -479,6 +479,85 @@ impl TcpFaultProxy {
     }
 }
 
+/// The members of a group that all dial the same addresses (a Raft group), each binding a
+/// loopback port of its own behind a traced proxy, so that one member can be cut from the
+/// others both ways ([`isolate`](Self::isolate)). Stops the proxies when dropped.
+#[derive(Debug)]
+pub struct MemberProxies {
+    binds: Vec<String>,
+    proxies: Vec<TcpFaultProxy>,
+    origins: Origins,
+}
+
+impl MemberProxies {
+    /// `n` members (at most [`MAX_ORIGINS`]) on free loopback ports, a proxy in front of each.
+    ///
+    /// # Errors
+    /// If no loopback port can be had.
+    pub async fn start(n: usize) -> io::Result<Self> {
+        // The members' ports held while the proxies pick theirs, so that none takes one.
+        let held = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<io::Result<Vec<_>>>()?;
+        let binds = held
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.to_string()))
+            .collect::<io::Result<Vec<_>>>()?;
+        let origins = Origins::new();
+        let mut proxies = Vec::new();
+        for bind in &binds {
+            proxies.push(TcpFaultProxy::start_traced(bind.clone(), origins.clone()).await?);
+        }
+        drop(held);
+        Ok(Self {
+            binds,
+            proxies,
+            origins,
+        })
+    }
+
+    /// The address the others dial for each member (its proxy's), in member order.
+    pub fn addresses(&self) -> Vec<String> {
+        self.proxies.iter().map(TcpFaultProxy::endpoint).collect()
+    }
+
+    /// The address member `i` binds (`--raft-bind`).
+    pub fn bind(&self, i: usize) -> Option<&str> {
+        self.binds.get(i).map(String::as_str)
+    }
+
+    /// Member `i` is process `pid` (and its descendants) from now on.
+    pub fn started(&self, i: usize, pid: u32) {
+        self.origins.set(i, pid);
+    }
+
+    /// Cuts member `i` from the others (`on`), both ways: nothing reaches its proxy, and its
+    /// own connections to theirs are held; or heals the cut (what it held is closed, and the
+    /// members reconnect).
+    pub fn isolate(&self, i: usize, on: bool) {
+        for (j, proxy) in self.proxies.iter().enumerate() {
+            if j == i {
+                proxy.partition(on);
+            } else {
+                proxy.cut(i, on);
+            }
+        }
+    }
+
+    /// Ends every cut.
+    pub fn heal(&self) {
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
+    }
+
+    /// Connections between members that were traced to none of them (see
+    /// [`TcpProxyCounters::untraced`]).
+    pub fn untraced(&self) -> u64 {
+        self.proxies.iter().map(|p| p.counters().untraced).sum()
+    }
+}
+
 /// Accepts until aborted; the connection tasks live in a `JoinSet` that aborts them all when
 /// this task is aborted (the proxy is dropped).
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {

@@ -33,7 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use integration_tests::tcp_proxy::{Origins, TcpFaultProxy};
+use integration_tests::tcp_proxy::MemberProxies;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
@@ -69,10 +69,9 @@ struct Group {
     dir: tempfile::TempDir,
     members: Vec<String>,
     spawned: RefCell<Vec<i32>>,
-    /// With fault proxies: what each member binds (its `members` entry is its proxy).
-    binds: Vec<String>,
-    proxies: Vec<TcpFaultProxy>,
-    origins: Origins,
+    /// With fault proxies: each member binds a port of its own, its `members` entry is its
+    /// proxy's.
+    proxies: Option<MemberProxies>,
     /// Runs the proxies; dropped after them.
     _runtime: Option<tokio::runtime::Runtime>,
 }
@@ -114,9 +113,7 @@ impl Group {
                 .map(|p| format!("127.0.0.1:{p}"))
                 .collect(),
             spawned: RefCell::default(),
-            binds: Vec::new(),
-            proxies: Vec::new(),
-            origins: Origins::new(),
+            proxies: None,
             _runtime: None,
         }
     }
@@ -131,44 +128,24 @@ impl Group {
             .enable_all()
             .build()
             .unwrap();
-        let origins = Origins::new();
-        // The members' ports held while the proxies pick theirs, so that none takes one.
-        let held: Vec<std::net::TcpListener> = (0..n)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let binds: Vec<String> = held
-            .iter()
-            .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
-        let proxies: Vec<TcpFaultProxy> = binds
-            .iter()
-            .map(|b| {
-                runtime
-                    .block_on(TcpFaultProxy::start_traced(b.clone(), origins.clone()))
-                    .unwrap()
-            })
-            .collect();
-        drop(held);
+        let proxies = runtime.block_on(MemberProxies::start(n)).unwrap();
         Self {
             dir: tempfile::tempdir().unwrap(),
-            members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
+            members: proxies.addresses(),
             spawned: RefCell::default(),
-            binds,
-            proxies,
-            origins,
+            proxies: Some(proxies),
             _runtime: Some(runtime),
         }
     }
 
-    /// Cuts member `i` from the others (`on`), both ways: nothing reaches its proxy, and its
-    /// own connections to theirs are held; or heals the cut (what it held is closed).
+    /// The members' proxies (a group made by [`proxied`](Self::proxied)).
+    fn proxies(&self) -> &MemberProxies {
+        self.proxies.as_ref().expect("a group behind proxies")
+    }
+
+    /// Cuts member `i` from the others (`on`), both ways, or heals the cut.
     fn isolate(&self, i: usize, on: bool) {
-        self.proxies[i].partition(on);
-        for (j, proxy) in self.proxies.iter().enumerate() {
-            if j != i {
-                proxy.cut(i, on);
-            }
-        }
+        self.proxies().isolate(i, on);
     }
 
     /// The Raft leader of the latest term any member's log names as its own (`this member
@@ -252,7 +229,7 @@ impl Group {
         command
             .args(["run", "--store", &self.url()])
             .args(["--raft-listen", &self.members[i]]);
-        if let Some(bind) = self.binds.get(i) {
+        if let Some(bind) = self.proxies.as_ref().and_then(|p| p.bind(i)) {
             command.args(["--raft-bind", bind]);
         }
         let child = command
@@ -272,8 +249,8 @@ impl Group {
             .spawn()
             .unwrap();
         self.spawned.borrow_mut().push(child.id() as i32);
-        if !self.proxies.is_empty() {
-            self.origins.set(i, child.id());
+        if let Some(proxies) = &self.proxies {
+            proxies.started(i, child.id());
         }
         child
     }
@@ -515,7 +492,7 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
     );
     assert!(third > next);
     assert!(
-        group.proxies.iter().all(|p| p.counters().untraced == 0),
+        group.proxies().untraced() == 0,
         "a connection between members was not traced to its member, so no cut held it"
     );
     assert_no_overlap(&events(&group.log()));

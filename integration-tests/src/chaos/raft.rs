@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use super::checker::FinalObject;
 use super::{OpenedStore, Proxy};
-use crate::tcp_proxy::{Origins, TcpFaultProxy};
+use crate::tcp_proxy::MemberProxies;
 
 /// How long a member tries to bind its address: a member keeps its port until its process
 /// exits, so a member started again at once (or a port picked free a moment ago that another
@@ -43,57 +43,36 @@ const BIND_PATIENCE: Duration = Duration::from_secs(5);
 /// The pause between two attempts to bind.
 const BIND_PAUSE: Duration = Duration::from_millis(100);
 
-/// The group of one round: each candidate's address (its proxy's), bound address and data
-/// folder, in candidate order, and the proxies.
+/// The group of one round: each candidate's address (its proxy's) and data folder, in
+/// candidate order, and the proxies in front of the members.
 #[derive(Clone, Debug)]
 pub struct RaftGroup {
     members: Vec<String>,
-    binds: Vec<String>,
     folders: Vec<PathBuf>,
-    proxies: Arc<Vec<TcpFaultProxy>>,
-    origins: Origins,
+    proxies: Arc<MemberProxies>,
 }
 
 impl RaftGroup {
-    /// A group of `n` members on free loopback ports, each behind a traced proxy, their
-    /// folders in `dir`. The ports are picked by binding them all at once (so that they
-    /// differ) and letting them go.
+    /// A group of `n` members on free loopback ports, each behind a traced proxy
+    /// ([`MemberProxies`]), their folders in `dir`.
     ///
     /// # Errors
     /// A message if no port could be had.
     pub async fn new(dir: &Path, n: usize) -> Result<Self, String> {
-        let listeners = (0..n)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("picking a free loopback port: {e}"))?;
-        let binds = listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.to_string()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("picking a free loopback port: {e}"))?;
-        // The members' ports still held while the proxies pick theirs, so that none takes one.
-        let origins = Origins::new();
-        let mut proxies = Vec::new();
-        for bind in &binds {
-            let proxy = TcpFaultProxy::start_traced(bind.clone(), origins.clone())
-                .await
-                .map_err(|e| format!("starting a proxy in front of member {bind}: {e}"))?;
-            proxies.push(proxy);
-        }
-        drop(listeners);
+        let proxies = MemberProxies::start(n)
+            .await
+            .map_err(|e| format!("starting the members' proxies on loopback: {e}"))?;
         let folders = (0..n).map(|i| dir.join(format!("raft-{i}"))).collect();
         Ok(Self {
-            members: proxies.iter().map(TcpFaultProxy::endpoint).collect(),
-            binds,
+            members: proxies.addresses(),
             folders,
             proxies: Arc::new(proxies),
-            origins,
         })
     }
 
     /// Candidate `i` is process `pid` (its member's connections are traced to it).
     pub fn started(&self, i: usize, pid: u32) {
-        self.origins.set(i, pid);
+        self.proxies.started(i, pid);
     }
 
     /// The faults of candidate `i`'s member: a blackhole cuts it from the others both ways.
@@ -112,7 +91,11 @@ impl RaftGroup {
     /// The endpoint of candidate `i`: its member's address, the address it binds and its
     /// folder, `HOST:PORT~BIND@FOLDER` (the same on every start of that candidate).
     pub fn endpoint(&self, i: usize) -> String {
-        match (self.members.get(i), self.binds.get(i), self.folders.get(i)) {
+        match (
+            self.members.get(i),
+            self.proxies.bind(i),
+            self.folders.get(i),
+        ) {
             (Some(address), Some(bind), Some(folder)) => {
                 format!("{address}~{bind}@{}", folder.display())
             }
@@ -135,13 +118,11 @@ impl RaftGroup {
     ) -> Result<Option<FinalObject>, (String, bool)> {
         // Together: a member whose folder is empty (a candidate that never got to start its
         // member) waits for every other.
-        for proxy in self.proxies.iter() {
-            proxy.heal();
-        }
+        self.proxies.heal();
         let mut starts = JoinSet::new();
         for (i, (listen, folder)) in self.members.iter().zip(&self.folders).enumerate() {
             let config = RaftConfig::new(self.members.clone(), listen.clone(), folder.clone())
-                .with_bind(self.binds[i].clone());
+                .with_bind(self.proxies.bind(i).unwrap_or(listen));
             starts.spawn(async move { (i, start(config).await) });
         }
         let mut stores = Vec::new();
@@ -208,21 +189,15 @@ async fn start(config: RaftConfig) -> Result<RaftStore, RaftError> {
 /// The faults of one member of a [`RaftGroup`], for the drills ([`Proxy::Member`]).
 #[derive(Clone, Debug)]
 pub struct MemberCut {
-    proxies: Arc<Vec<TcpFaultProxy>>,
+    proxies: Arc<MemberProxies>,
     index: usize,
 }
 
 impl MemberCut {
-    /// Cuts the member from the others both ways (`on`), or heals the cut (what it held is
-    /// closed, and the members reconnect).
+    /// Cuts the member from the others both ways (`on`), or heals the cut
+    /// ([`MemberProxies::isolate`]).
     pub fn isolate(&self, on: bool) {
-        for (j, proxy) in self.proxies.iter().enumerate() {
-            if j == self.index {
-                proxy.partition(on);
-            } else {
-                proxy.cut(self.index, on);
-            }
-        }
+        self.proxies.isolate(self.index, on);
     }
 }
 
@@ -288,7 +263,7 @@ mod tests {
         let group = RaftGroup::new(Path::new("/tmp/round"), 3).await.unwrap();
         let (listen, bind, folder) = member(&group.endpoint(1)).unwrap();
         assert_eq!(group.place().split(',').nth(1), Some(listen.as_str()));
-        assert_eq!(bind, group.binds[1]);
+        assert_eq!(Some(bind.as_str()), group.proxies.bind(1));
         assert_ne!(bind, listen);
         assert_eq!(folder, Path::new("/tmp/round/raft-1"));
         assert!(member("127.0.0.1:1@/tmp/f").is_err());
