@@ -291,6 +291,26 @@ impl Group {
             .unwrap_or_else(|| panic!("no member runs the command of term {token}"))
     }
 
+    /// Waits for the command and daemon of term `token` (`pids`, taken before the fault at
+    /// `fault`) to be stopped by the term's deadline, and checks that the term's last act came
+    /// less than a ttl after the fault: the last renew its member could commit was sent before
+    /// it, the term lasts ttl - margin after that, and the command gets the grace period on
+    /// top. Returns the last act.
+    fn ends_by_deadline(&self, token: u64, pids: &[i32], fault: u64, what: &str) -> u64 {
+        wait_for(
+            &format!("term {token}'s command and daemon to be stopped by its deadline"),
+            Duration::from_secs(10),
+            || pids.iter().all(|p| !alive(*p)),
+        );
+        let last = by_term(&events(&self.log()))[&token].last;
+        assert!(
+            last < fault + TTL.as_nanos() as u64,
+            "term {token} acted {:.3} s after {what}",
+            secs(last - fault)
+        );
+        last
+    }
+
     fn no_panic(&self) {
         for i in 0..self.members.len() {
             let log = self.stderr(i);
@@ -355,22 +375,10 @@ fn without_a_majority_the_term_ends_and_the_group_comes_back_with_its_folders() 
     for i in &others {
         group.kill(&mut children[*i]);
     }
-    wait_for(
-        "the holder's command and daemon to be stopped by the term's deadline",
-        Duration::from_secs(10),
-        || pids.iter().all(|p| !alive(*p)),
-    );
-    let last = by_term(&events(&group.log()))[&first].last;
-    // The last renew the holder's member could commit was sent before the kill; the term
-    // lasts ttl - margin after it, and the command gets the grace period on top.
+    let last = group.ends_by_deadline(first, &pids, killed, "its majority was gone");
     eprintln!(
         "MEASURED raft majority lost: the old term's last act {:.3} s after the kill",
         secs(last.saturating_sub(killed))
-    );
-    assert!(
-        last < killed + TTL.as_nanos() as u64,
-        "the term acted {:.3} s after its majority was gone",
-        secs(last - killed)
     );
     // Nobody leads while two members are away; the holder keeps running (no panic).
     std::thread::sleep(2 * TTL);
@@ -439,17 +447,7 @@ fn the_raft_leader_cut_off_steps_down_and_rejoins_as_a_follower() {
     let pids = by_term(&events(&group.log()))[&token].pids.clone();
     let cut = boottime_ns();
     group.isolate(holder, true);
-    wait_for(
-        "the cut holder's command and daemon to be stopped by the term's deadline",
-        Duration::from_secs(10),
-        || pids.iter().all(|p| !alive(*p)),
-    );
-    let last = by_term(&events(&group.log()))[&token].last;
-    assert!(
-        last < cut + TTL.as_nanos() as u64,
-        "the cut holder acted {:.3} s after the cut",
-        secs(last - cut)
-    );
+    let last = group.ends_by_deadline(token, &pids, cut, "the cut");
     let (next, started) = group.term_above(
         token,
         Duration::from_secs(15),
