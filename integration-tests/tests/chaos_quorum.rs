@@ -9,28 +9,22 @@ use integration_tests::chaos::drill::Scenario;
 /// Rounds of each scenario.
 const ROUNDS: usize = 3;
 
-async fn rounds(scenario: Scenario, rounds: usize) {
-    for _ in 0..rounds {
-        chaos_support::drill(BackendKind::QuorumFile, scenario).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill() {
-    rounds(Scenario::Kill, ROUNDS).await;
+    chaos_support::rounds(BackendKind::QuorumFile, Scenario::Kill, ROUNDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop() {
-    rounds(Scenario::Stop, ROUNDS).await;
+    chaos_support::rounds(BackendKind::QuorumFile, Scenario::Stop, ROUNDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn term() {
-    rounds(Scenario::Term, ROUNDS).await;
+    chaos_support::rounds(BackendKind::QuorumFile, Scenario::Term, ROUNDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_away() {
-    rounds(Scenario::MemberAway, 2).await;
+    chaos_support::rounds(BackendKind::QuorumFile, Scenario::MemberAway, 2).await;
 }

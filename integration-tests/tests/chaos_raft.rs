@@ -12,39 +12,32 @@ use integration_tests::chaos::drill::Scenario;
 /// Rounds of each scenario.
 const ROUNDS: usize = 3;
 
-async fn rounds(scenario: Scenario, rounds: usize) {
-    assert!(scenario.applies_to(BackendKind::Raft));
-    for _ in 0..rounds {
-        chaos_support::drill(BackendKind::Raft, scenario).await;
-    }
-}
-
 /// SIGKILL of the leading candidate, and of its member (the Raft leader, or not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill() {
-    rounds(Scenario::Kill, ROUNDS).await;
+    chaos_support::rounds(BackendKind::Raft, Scenario::Kill, ROUNDS).await;
 }
 
 /// SIGSTOP of the leading candidate past its ttl, its member paused with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop() {
-    rounds(Scenario::Stop, ROUNDS).await;
+    chaos_support::rounds(BackendKind::Raft, Scenario::Stop, ROUNDS).await;
 }
 
 /// SIGTERM of the leading candidate: it releases, then its member leaves with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn term() {
-    rounds(Scenario::Term, ROUNDS).await;
+    chaos_support::rounds(BackendKind::Raft, Scenario::Term, ROUNDS).await;
 }
 
 /// The leading candidate's member cut from the other members, both ways, past the ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition() {
-    rounds(Scenario::Partition, ROUNDS).await;
+    chaos_support::rounds(BackendKind::Raft, Scenario::Partition, ROUNDS).await;
 }
 
 /// Every member cut from every other past the ttl: nobody may lead, and one does after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stall() {
-    rounds(Scenario::Stall, 1).await;
+    chaos_support::rounds(BackendKind::Raft, Scenario::Stall, 1).await;
 }

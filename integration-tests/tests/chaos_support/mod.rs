@@ -70,6 +70,14 @@ pub(crate) async fn drill(kind: BackendKind, scenario: Scenario) {
     );
 }
 
+/// `n` rounds of `scenario` on `kind`, one after the other.
+pub(crate) async fn rounds(kind: BackendKind, scenario: Scenario, n: usize) {
+    assert!(scenario.applies_to(kind), "{scenario:?} on {kind:?}");
+    for _ in 0..n {
+        drill(kind, scenario).await;
+    }
+}
+
 /// One round of every scenario that applies to `kind` (those of a cluster's members aside:
 /// `chaos_clusters.rs` plays them), `at_once` side by side; `expected` is how many there are,
 /// so that a scenario that stops applying is noticed.
